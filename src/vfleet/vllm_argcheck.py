@@ -2,12 +2,13 @@
 
 Run it with the python of a virtualenv that has the pinned vLLM (no GPU needed):
 
-    VENV/bin/python vllm_argcheck.py CONFIG.yaml [--source-dir DIR]
+    VENV/bin/python vllm_argcheck.py CONFIG.yaml [CONFIG.yaml ...] [--source-dir DIR]
 
 It builds the OpenAI server's parser exactly as `vllm serve` does, expands `--config` the
 way vLLM does, parses, and turns the result into EngineArgs (which runs vLLM's own type
-checks on nested configs such as --compilation-config). It prints one JSON object:
-{"ok": bool, "vllm": version, "error": str|null, "unknown_keys": [...], "parsed": {...}}.
+checks on nested configs such as --compilation-config). It prints one JSON object per
+config, one per line: {"config": path, "ok": bool, "vllm": version, "error": str|null,
+"unknown_keys": [...], "parsed": {...}}. vLLM is imported once for all configs.
 
 `--source-dir` puts another vLLM version's Python source first on the path (used for
 versions whose wheels need a torch that does not install here; the parser code is pure
@@ -106,19 +107,23 @@ def check(config_path: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("config")
+    ap.add_argument("config", nargs="+")
     ap.add_argument("--source-dir", help="put this vLLM source tree first on sys.path")
     ap.add_argument("--source-version", help="the version of --source-dir")
     args = ap.parse_args(argv)
     if args.source_dir:
         sys.path.insert(0, args.source_dir)
         _force_cpu_platform(args.source_version or "0.0.0")
-    try:
-        result = check(args.config)
-    except Exception as exc:  # an import problem in the venv: report, do not crash
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(result, sort_keys=True))
-    return 0 if result.get("ok") else 1
+    all_ok = True
+    for config in args.config:
+        try:
+            result = check(config)
+        except Exception as exc:  # an import problem in the venv: report, do not crash
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        result["config"] = config
+        all_ok = all_ok and bool(result.get("ok"))
+        print(json.dumps(result, sort_keys=True), flush=True)
+    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":

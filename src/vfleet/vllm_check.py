@@ -43,23 +43,38 @@ def parser_for(version: str) -> tuple[str, str | None]:
     )
 
 
-def check_config(config: Path, version: str, python: str | None = None) -> dict[str, Any]:
+def check_configs(
+    configs: list[Path], version: str, python: str | None = None
+) -> list[dict[str, Any]]:
+    """Parse several configs with one vLLM import (importing vLLM takes ~10 s)."""
     src: str | None = None
     if python is None:
         python, src = parser_for(version)
-    cmd = [python, str(SCRIPT), str(config)]
+    cmd = [python, str(SCRIPT), *map(str, configs)]
     if src:
         cmd += ["--source-dir", src, "--source-version", version]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
-    last = proc.stdout.strip().splitlines()[-1:] or ["{}"]
-    try:
-        result: dict[str, Any] = json.loads(last[0])
-    except json.JSONDecodeError:
-        result = {"ok": False, "error": (proc.stderr or proc.stdout)[-2000:]}
-    result["where"] = f"source {src}" if src else "installed"
-    result.setdefault("vllm", version)
-    return result
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
+    by_config: dict[str, dict[str, Any]] = {}
+    for line in proc.stdout.splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(item, dict) and "config" in item:
+            by_config[item["config"]] = item
+    results = []
+    for config in configs:
+        result = by_config.get(str(config)) or {
+            "ok": False, "error": (proc.stderr or proc.stdout)[-2000:] or "no result"}
+        result["where"] = f"source {src}" if src else "installed"
+        result.setdefault("vllm", version)
+        results.append(result)
+    return results
+
+
+def check_config(config: Path, version: str, python: str | None = None) -> dict[str, Any]:
+    return check_configs([config], version, python)[0]
 
 
 def check_launch(launch: Launch, python: str | None = None) -> dict[str, Any]:

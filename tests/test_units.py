@@ -35,7 +35,9 @@ def test_unit_verifies_clean(tmp_path: Path, profile: str, model: str) -> None:
     shutil.copy(release / unit_name("main"), unit)
     proc = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", str(unit)],
-        capture_output=True, text=True, env=dict(os.environ, SYSTEMD_LOG_LEVEL="notice"),
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, SYSTEMD_LOG_LEVEL="notice"),
         check=False,
     )
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr

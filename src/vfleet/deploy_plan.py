@@ -12,7 +12,7 @@ from typing import Any
 from . import __version__
 from .compile import resolve
 from .config import HostVars
-from .render import pm2_name, release_id, render_files, unit_name
+from .render import pm2_name, probe_config, release_id, render_files, unit_name
 
 HEALTHCHECK_VERSION = "0.1.0"
 
@@ -31,7 +31,10 @@ def plan(
     if instance:
         sets.append(f"instance={instance}")
     launch = resolve(
-        profile, model, deployment=Path(deployment) if deployment else None, sets=sets,
+        profile,
+        model,
+        deployment=Path(deployment) if deployment else None,
+        sets=sets,
         root=Path(profiles_dir) if profiles_dir else None,
         host=HostVars(base_dir=base_dir, python=python),
     )
@@ -80,7 +83,7 @@ def plan(
         "pm2_name": pm2_name(inst),
         "listen_host": launch.listen_host,
         "port": launch.port,
-        "url": f"http://{'127.0.0.1' if launch.listen_host in ('0.0.0.0', '::') else launch.listen_host}:{launch.port}",
+        "url": probe_config(launch)["url"],
         "served_model_name": launch.served_model_name,
         "warnings": [n.message for n in launch.notes if n.level == "warn"],
     }

@@ -9,7 +9,11 @@ class VfleetError(Exception):
     exit_code = 2
 
     def __init__(
-        self, message: str, *, where: str | None = None, key: str | None = None,
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        key: str | None = None,
         fix: str | None = None,
     ) -> None:
         self.message = message

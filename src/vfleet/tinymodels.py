@@ -521,6 +521,8 @@ def _finish_config(out: Path, generator: str, arch: Mapping[str, Any]) -> None:
     path = out / "config.json"
     config: dict[str, Any] = json.loads(path.read_text())
     config.pop("_name_or_path", None)
+    # Not needed by loaders; dropping it keeps the files the same across transformers versions.
+    config.pop("transformers_version", None)
     config["architectures"] = [arch["architecture"]]
     config["torch_dtype"] = WEIGHT_DTYPE
     config["dtype"] = WEIGHT_DTYPE
@@ -530,6 +532,9 @@ def _finish_config(out: Path, generator: str, arch: Mapping[str, Any]) -> None:
         config["full_attention_interval"] = arch["full_attention_interval"]
         config["mtp_num_hidden_layers"] = arch["mtp_layers"]
         config["mtp_use_dedicated_embeddings"] = False
+        # Top level as in Qwen3-Next's own config (newer transformers keep it only in
+        # rope_parameters, which is what vLLM reads).
+        config["partial_rotary_factor"] = config["rope_parameters"]["partial_rotary_factor"]
     _write_json(path, config)
 
 

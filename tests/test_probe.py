@@ -1,0 +1,77 @@
+"""The probe's exit codes and output without a server (the tiers against a real vLLM are in
+test_e2e_deploy.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from vfleet_healthcheck.probe import read_env_file
+
+PROBE = [sys.executable, "-m", "vfleet_healthcheck.probe"]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when the socket closes
+
+
+def test_nothing_listening_fails_live_and_skips_later_tiers() -> None:
+    port = closed_port()
+    r = subprocess.run(
+        [*PROBE, "--url", f"http://127.0.0.1:{port}", "--model", "m", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert report["ok"] is False and list(report["tiers"]) == ["live"]
+    assert (
+        report["tiers"]["live"]["ok"] is False and "Connection" in report["tiers"]["live"]["detail"]
+    )
+
+
+def test_wait_gives_up_after_its_deadline() -> None:
+    port = closed_port()
+    r = subprocess.run(
+        [
+            *PROBE,
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--model",
+            "m",
+            "--wait",
+            "2",
+            "--interval",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 1
+    assert "waiting for" in r.stderr and "live     FAIL" in r.stdout
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    r = subprocess.run([*PROBE], capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 2 and "need --url and --model" in r.stderr
+    bad = tmp_path / "probe.json"
+    bad.write_text("{not json")
+    r = subprocess.run(
+        [*PROBE, "--config", str(bad)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert r.returncode == 2 and str(bad) in r.stderr
+
+
+def test_env_file_is_read_like_systemd_and_sh(tmp_path: Path) -> None:
+    f = tmp_path / "vllm.env"
+    f.write_text("# comment\nVLLM_API_KEY='sk-1 2'\nOTHER=plain\n")
+    assert read_env_file(f) == {"VLLM_API_KEY": "sk-1 2", "OTHER": "plain"}

@@ -165,6 +165,157 @@ def cmd_explain(a: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_sets(a: argparse.Namespace) -> list[str]:
+    sets = list(a.sets)
+    for flag, key in (
+        ("kv_space_gib", "kv_space_gib"),
+        ("max_model_len", "max_model_len"),
+        ("max_num_seqs", "max_num_seqs"),
+        ("kv_cache_dtype", "kv_cache_dtype"),
+        ("gpu_memory_utilization", "gpu_memory_utilization"),
+        ("tensor_parallel_size", "tensor_parallel_size"),
+        ("num_speculative_tokens", "speculative.num_speculative_tokens"),
+    ):
+        value = getattr(a, flag)
+        if value is not None:
+            sets.append(f"{key}={value}")
+    if a.no_speculative:
+        sets.append("speculative.method=none")
+    if a.no_prefix_caching:
+        sets.append("prefix_caching=false")
+    return sets
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / (1 << 30):8.2f} GiB"
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from .config import ModelPreset, ModelSource
+    from .planner import alternatives, arch_from_config, plan_launch
+
+    root = Path(a.profiles_dir) if a.profiles_dir else None
+    preset = None
+    if a.model_dir:
+        cfg_path = Path(a.model_dir) / "config.json"
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise VfleetError(
+                f"cannot read config.json: {exc}",
+                where=str(cfg_path),
+                fix="point --model-dir at a model folder",
+            ) from None
+        arch = arch_from_config(cfg, str(cfg_path))
+        name = Path(a.model_dir).resolve().name.lower()
+        preset = ModelPreset(
+            name=name if name[0].isalnum() else "model",
+            description=f"from {cfg_path}",
+            source=ModelSource(),
+            served_model_name=name,
+            arch=arch,
+        )
+    elif not a.model:
+        raise VfleetError("missing --model or --model-dir", fix="e.g. --model tiny-hybrid-mtp")
+    if not a.profile:
+        raise VfleetError("missing --profile", fix="see `vfleet profiles`")
+    sets = _plan_sets(a)
+
+    def resolve_with(extra: list[str]) -> Launch:
+        return resolve(
+            a.profile,
+            preset.name if preset else a.model,
+            sets=sets + extra,
+            root=root,
+            preset=preset,
+        )
+
+    layouts: list[tuple[str, list[str]]] = [("", [])]
+    if a.layouts:
+        count = resolve_with([]).profile.accelerator.count
+        layouts += [
+            (f"{count // tp} replicas x TP {tp}", [f"tensor_parallel_size={tp}"])
+            for tp in (1, 2, 4, 8)
+            if tp < count and count % tp == 0
+        ]
+    results = []
+    for label, extra in layouts:
+        launch = resolve_with(extra)
+        plan = plan_launch(launch)
+        alts = (
+            alternatives(launch, lambda more, extra=extra: resolve_with(extra + more))
+            if not plan.fits or plan.warnings
+            else []
+        )
+        results.append((label or f"1 x TP {plan.tp}", plan, alts))
+    if a.json:
+        out = [
+            dict(
+                p.as_dict(),
+                layout=label,
+                fixes=[{"set": c, "kv_cache_tokens": q.kv.kv_cache_tokens} for c, q in alts],
+            )
+            for label, p, alts in results
+        ]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2, default=str))
+    else:
+        for label, p, alts in results:
+            _print_plan(label, p, alts)
+    return 0 if results[0][1].fits else 1
+
+
+def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
+    kv = p.kv
+    print(
+        f"{p.model} on {p.profile} ({label}): max_model_len {p.max_model_len}, "
+        f"max_num_seqs {p.max_num_seqs}, KV {p.kv_cache_dtype}, MTP/spec "
+        f"{p.num_speculative_tokens}, prefix caching {'on' if p.prefix_caching else 'off'}"
+    )
+    if p.gpu is not None:
+        g = p.gpu
+        print(
+            f"  per GPU (x{p.tp}):  total {_fmt_bytes(g.total_bytes)}, vLLM budget "
+            f"{_fmt_bytes(g.budget_bytes)} (utilisation {p.gpu_memory_utilization})"
+        )
+        print(f"    weights          {_fmt_bytes(g.weights_bytes)}")
+        print(
+            f"    non-KV reserve   {_fmt_bytes(g.reserve_bytes)}   (activations, CUDA graphs, "
+            "sampler; calibrated)"
+        )
+        print(f"    KV cache         {_fmt_bytes(g.kv_bytes)}")
+        print(
+            f"    outside budget   {_fmt_bytes(g.outside_budget_bytes)}   (FlashInfer "
+            "workspace, first request)"
+        )
+        print(f"    headroom         {_fmt_bytes(g.headroom_bytes)}")
+    print(
+        f"  KV: {kv.attn_bytes_per_token} B/token/attention layer, GDN state "
+        f"{kv.mamba_state_bytes} B/sequence/layer, block {kv.block_size} tokens, page "
+        f"{kv.page_bytes} B (GDN page padded {kv.mamba_padding_pct}%)"
+    )
+    print(
+        f"  groups: {kv.attention_layers} attention + {kv.gdn_layers} GDN layers, "
+        f"{kv.group_size} per group; {kv.num_blocks} blocks of "
+        f"{kv.bytes_per_block / (1 << 20):.1f} MiB; {kv.blocks_per_request} per max-length request"
+    )
+    print(
+        f"  => KV cache {kv.kv_cache_tokens:,} tokens, max concurrency "
+        f"{kv.max_concurrency:.2f}x at {p.max_model_len} tokens"
+    )
+    for note in kv.notes:
+        print(f"  note: {note}")
+    for problem in p.problems:
+        print(f"  DOES NOT FIT: {problem}")
+    for warning in p.warnings:
+        print(f"  warning: {warning}")
+    for change, q in alts:
+        print(
+            f"  fits with --set {change}: {q.kv.kv_cache_tokens:,} tokens, "
+            f"{q.kv.max_concurrency:.2f}x"
+        )
+    print()
+
+
 def cmd_rules(a: argparse.Namespace) -> int:
     for r in RULES:
         print(f"{r.name}: {r.summary}")
@@ -278,6 +429,40 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--python", help="python of a virtualenv with the pinned vLLM")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_check_args)
+
+    pl = sub.add_parser(
+        "plan",
+        help="KV capacity and memory split per GPU, before deploying",
+        description="Predict the KV cache capacity exactly as vLLM computes it (block size, "
+        "GDN page padding, KV cache groups) and, for GPU profiles, the memory split per GPU. "
+        "Exit 1 when the configuration does not fit (with the smallest changes that do).",
+        epilog="examples:\n  vfleet plan -p cpu -m tiny-hybrid-mtp --kv-space-gib 2\n"
+        "  vfleet plan -p a100-32g -m qwen3.8-27b-awq-mtp\n"
+        "  vfleet plan -p 4x2080ti-22g -m qwen3.6-27b-awq-int4 --layouts",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(pl)
+    pl.add_argument("--profile", "-p", help="hardware profile")
+    pl.add_argument("--model", "-m", help="model preset")
+    pl.add_argument("--model-dir", help="read the architecture from DIR/config.json instead")
+    pl.add_argument("--kv-space-gib", type=int, help="cpu profile: KV space in GiB")
+    pl.add_argument("--max-model-len", type=int)
+    pl.add_argument("--max-num-seqs", type=int)
+    pl.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
+    pl.add_argument("--gpu-memory-utilization", type=float)
+    pl.add_argument("--tensor-parallel-size", type=int)
+    spec = pl.add_mutually_exclusive_group()
+    spec.add_argument("--num-speculative-tokens", type=int, metavar="K")
+    spec.add_argument("--no-speculative", action="store_true")
+    pl.add_argument("--no-prefix-caching", action="store_true")
+    pl.add_argument(
+        "--layouts",
+        action="store_true",
+        help="also plan the same GPUs as several smaller TP replicas",
+    )
+    pl.add_argument("--set", "-s", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=cmd_plan)
 
     ru = sub.add_parser("rules", help="list the rules of the knowledge base")
     ru.set_defaults(fn=cmd_rules)

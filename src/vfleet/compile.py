@@ -90,6 +90,7 @@ def resolve(
     sets: list[str] | None = None,
     root: Path | None = None,
     host: HostVars | None = None,
+    preset: ModelPreset | None = None,
 ) -> Launch:
     root = profiles_dir(root)
     dep = load_deployment(deployment) if deployment else None
@@ -105,7 +106,7 @@ def resolve(
                 )
         profile, model = dep.profile, dep.model
     hw = load_profile(profile, root)
-    preset = load_model(model, root)
+    preset = preset or load_model(model, root)
     layers = [
         Layer(f"{root}/hardware/{hw.name}.yaml", hw.defaults),
         Layer(f"{root}/models/{preset.name}.yaml", preset.defaults),

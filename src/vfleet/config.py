@@ -64,6 +64,18 @@ class Stack(Strict):
     sources: list[str] = []
 
 
+class Calibration(Strict):
+    """Memory constants of the planner's GPU model, fitted to a seed's reported figures."""
+
+    # Non-KV memory inside vLLM's budget besides the weights: activation peak, CUDA graph
+    # pool, sampler and logits buffers, NCCL buffers. Per GPU.
+    reserve_gib: float = Field(ge=0)
+    # Allocated lazily outside vLLM's budget on the first request (FlashInfer workspace).
+    outside_budget_mib: float = Field(0, ge=0)
+    fitted_to: str
+    validated_by: list[str] = []
+
+
 class HardwareProfile(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str
@@ -73,6 +85,7 @@ class HardwareProfile(Strict):
     os_packages: list[str] = []
     start_timeout_s: int = Field(900, ge=30)
     defaults: ServeSettings = Field(default_factory=lambda: ServeSettings())
+    calibration: Calibration | None = None
     sources: list[str] = []
 
     @model_validator(mode="after")
@@ -118,6 +131,10 @@ class ModelArch(Strict):
     mtp_layers: int = Field(0, ge=0)
     num_experts: int | None = None
     multimodal: bool = False
+    # The checkpoint's mamba_ssm_dtype (Qwen3.5 family: float32); None: the model dtype.
+    mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    # The dtype the checkpoint declares (vLLM's "auto").
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
 
     @property
     def hybrid(self) -> bool:
@@ -164,6 +181,8 @@ class ModelPreset(Strict):
     quantization: Quantization = Quantization()
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    # Weights the planner does not derive from `arch` (e.g. the vision tower), in GiB.
+    unmodelled_weights_gib: float = Field(0, ge=0)
     defaults: ServeSettings = Field(default_factory=lambda: ServeSettings())
     sources: list[str] = []
 

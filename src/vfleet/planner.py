@@ -24,7 +24,7 @@ The GPU part (weights, non-KV reserve) is a model calibrated per profile: see do
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .config import HardwareProfile, ModelArch, ModelPreset, Quantization
@@ -284,33 +284,44 @@ def gpu_split(
 # =========================================================================== from a deployment
 
 
-def _inputs(launch: Any, kv_bytes: int) -> KvInputs:
-    """KvInputs from a resolved Launch (compile.Launch), i.e. what the rules decided."""
-    d = launch.ctx.d
-    args = launch.config_values()
-    dtype = args.get("dtype", "auto")
-    model_dtype = (
-        launch.model.arch.dtype
-        if dtype == "auto"
-        else {
-            "half": "float16",
-            "float16": "float16",
-            "bfloat16": "bfloat16",
-            "float32": "float32",
-        }[dtype]
-    )
+def inputs_from(
+    profile: HardwareProfile,
+    arch: ModelArch,
+    d: dict[str, Any],
+    args: dict[str, Any],
+    kv_bytes: int,
+) -> KvInputs:
+    """KvInputs from what the rules decided (ctx.d) and the rendered arguments."""
+    dtype = str(args.get("dtype", "auto"))
+    halves = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
     return KvInputs(
-        arch=launch.model.arch,
+        arch=arch,
         kv_bytes=kv_bytes,
         max_model_len=int(d["max_model_len"]),
         tp=int(d.get("tp", 1)),
-        model_dtype=model_dtype,
+        model_dtype=arch.dtype if dtype == "auto" else halves[dtype],
         kv_cache_dtype=str(args.get("kv-cache-dtype", "auto")),
         spec_tokens=int(d.get("spec_k", 0)),
         spec_mtp=d.get("spec_method") == "mtp",
         prefix_caching=bool(d.get("prefix_caching")),
-        device="cpu" if launch.profile.accelerator.kind == "cpu" else "cuda",
+        device="cpu" if profile.accelerator.kind == "cpu" else "cuda",
     )
+
+
+def _inputs(launch: Any, kv_bytes: int) -> KvInputs:
+    return inputs_from(
+        launch.profile, launch.model.arch, launch.ctx.d, launch.config_values(), kv_bytes
+    )
+
+
+AUTO_MARGIN = 0.03  # of the card, kept free on top of the calibrated reserve
+
+
+def auto_kv_bytes(profile: HardwareProfile, preset: ModelPreset, tp: int) -> int:
+    """KV bytes per GPU that fit next to the weights, the non-KV reserve, the memory vLLM
+    allocates outside its budget, and a safety margin."""
+    split = gpu_split(profile, preset, tp, 1.0)
+    return split.kv_bytes - split.outside_budget_bytes - int(split.total_bytes * AUTO_MARGIN)
 
 
 def plan_launch(launch: Any) -> Plan:
@@ -321,14 +332,21 @@ def plan_launch(launch: Any) -> Plan:
     util: float | None = None
     if profile.accelerator.kind == "cpu":
         kv_bytes = int(launch.settings.kv_space_gib or 0) * GIB
+    elif "kv-cache-memory-bytes" in args:
+        # An explicit KV budget (set by the operator or by the auto-memory rule).
+        kv_bytes = int(args["kv-cache-memory-bytes"])
+        full = gpu_split(profile, launch.model, int(d.get("tp", 1)), 1.0)
+        budget = full.weights_bytes + full.reserve_bytes + kv_bytes
+        split = replace(
+            full,
+            budget_bytes=budget,
+            kv_bytes=kv_bytes,
+            headroom_bytes=full.total_bytes - budget - full.outside_budget_bytes,
+        )
     else:
         util = float(args.get("gpu-memory-utilization", 0.9))
         split = gpu_split(profile, launch.model, int(d.get("tp", 1)), util)
-        kv_bytes = (
-            int(args["kv-cache-memory-bytes"])
-            if "kv-cache-memory-bytes" in args
-            else max(0, split.kv_bytes)
-        )
+        kv_bytes = max(0, split.kv_bytes)
     x = _inputs(launch, kv_bytes)
     kv = kv_plan(x)
     seqs = int(d["max_num_seqs"])

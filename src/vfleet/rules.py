@@ -82,6 +82,8 @@ class Ctx:
     args: dict[str, Entry] = field(default_factory=dict)
     env: dict[str, Entry] = field(default_factory=dict)
     notes: list[Note] = field(default_factory=list)
+    # False for `vfleet plan`: report a configuration that does not fit instead of refusing.
+    strict_memory: bool = True
     # Values decided by earlier rules that later rules build on.
     d: dict[str, Any] = field(default_factory=dict)
     current: Rule | None = None
@@ -503,7 +505,10 @@ def _memory(c: Ctx) -> None:
         if c.s.gpu_memory_utilization is not None:
             c.warn("gpu_memory_utilization is ignored by vLLM when kv_cache_memory_bytes is set")
         return
-    util = c.s.gpu_memory_utilization or 0.9
+    if c.s.gpu_memory_utilization is None:
+        c.d["auto_memory"] = True  # sized by the planner once the KV shape is known
+        return
+    util = c.s.gpu_memory_utilization
     c.arg(
         "gpu-memory-utilization",
         util,
@@ -809,6 +814,38 @@ def _drain(c: Ctx) -> None:
 # =========================================================================== overrides
 
 
+@rule(
+    "auto-memory",
+    "vfleet planner (docs/PLANNER.md), calibrated on seeds 001 and 002",
+    "size the KV cache from the capacity plan when the deployment leaves memory unset",
+)
+def _auto_memory(c: Ctx) -> None:
+    if not c.d.get("auto_memory"):
+        return
+    from .planner import AUTO_MARGIN, GIB, auto_kv_bytes, inputs_from, kv_plan
+
+    tp = int(c.d.get("tp", 1))
+    fit = auto_kv_bytes(c.profile, c.model, tp)
+    args = {k: e.value for k, e in c.args.items()}
+    plan = kv_plan(inputs_from(c.profile, c.model.arch, c.d, args, max(fit, 0)))
+    if plan.num_blocks < plan.blocks_per_request and c.strict_memory:
+        c.refuse(
+            f"one {c.d['max_model_len']}-token request needs {plan.blocks_per_request} KV blocks "
+            f"({plan.blocks_per_request * plan.bytes_per_block / GIB:.2f} GiB per GPU); after "
+            f"the weights and the reserve {max(fit, 0) / GIB:.2f} GiB fit",
+            "run `vfleet plan` for the smallest change that fits (shorter max_model_len, fp8 "
+            "KV, fewer draft tokens, more GPUs)",
+        )
+    c.arg(
+        "kv-cache-memory-bytes",
+        max(plan.num_blocks * plan.bytes_per_block, 1),  # whole blocks, nothing wasted
+        f"planner: {plan.num_blocks} blocks of {plan.block_size} tokens = "
+        f"{plan.kv_cache_tokens:,} KV tokens, {plan.max_concurrency:.2f}x at "
+        f"{c.d['max_model_len']} tokens; leaves the FlashInfer workspace and a "
+        f"{AUTO_MARGIN:.0%} margin of the card free",
+    )
+
+
 @rule("operator-overrides", "deployment file / --set", "extra_args and extra_env, verbatim")
 def _overrides(c: Ctx) -> None:
     for key, value in (c.s.extra_args or {}).items():
@@ -835,8 +872,16 @@ def apply(
     stack_name: str,
     settings: ServeSettings,
     host: HostVars,
+    strict_memory: bool = True,
 ) -> Ctx:
-    ctx = Ctx(profile=profile, model=model, stack_name=stack_name, s=settings, host=host)
+    ctx = Ctx(
+        profile=profile,
+        model=model,
+        stack_name=stack_name,
+        s=settings,
+        host=host,
+        strict_memory=strict_memory,
+    )
     for r in RULES:
         ctx.current = r
         r.fn(ctx)

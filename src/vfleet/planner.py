@@ -230,6 +230,9 @@ class GpuSplit:
     kv_bytes: int
     outside_budget_bytes: int  # FlashInfer workspace, allocated lazily on the first request
     headroom_bytes: int  # total - budget - outside (what is left on the card)
+    # Per GPU, by part. Every part is sharded over the TP ranks (vocab-parallel embedding and
+    # lm_head, column/row-parallel linears, GDN heads); norms and biases are negligible.
+    weights_by_part: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -273,12 +276,14 @@ def gpu_split(
         )
     total = int(profile.accelerator.vram_gib * GIB)
     budget = math.ceil(total * util)
-    weights = sum(weight_bytes(preset.arch, preset.quantization).values()) // tp
-    weights += int(preset.unmodelled_weights_gib * GIB) // tp
+    parts = {k: v // tp for k, v in weight_bytes(preset.arch, preset.quantization).items()}
+    if preset.unmodelled_weights_gib:
+        parts["unmodelled (vision tower)"] = int(preset.unmodelled_weights_gib * GIB) // tp
+    weights = sum(parts.values())
     reserve = int(cal.reserve_gib * GIB)
     kv = budget - weights - reserve
     outside = int(cal.outside_budget_mib * MIB)
-    return GpuSplit(total, budget, weights, reserve, kv, outside, total - budget - outside)
+    return GpuSplit(total, budget, weights, reserve, kv, outside, total - budget - outside, parts)
 
 
 # =========================================================================== from a deployment

@@ -201,3 +201,11 @@ def test_stop_stops_the_server(deployed: subprocess.CompletedProcess[str]) -> No
         time.sleep(1)
     else:
         pytest.fail(f"port {PORT} still open 60 s after make stop")
+
+
+def test_deploy_after_stop_serves_again(deployed: subprocess.CompletedProcess[str]) -> None:
+    # `make stop` also ends pm2's daemon when nothing is left; pm2 then prints start-up lines
+    # before its JSON on the next deploy (a bug found by the deploy-vs-bare benchmark).
+    r = make("deploy", f"SET=port={PORT}")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert http("/health")[0] == 200

@@ -20,7 +20,9 @@ ANSIBLE_ARGS ?=
 VENV  := .venv
 BIN   := $(VENV)/bin
 TOOLS := .cache
-WHEEL := build/wheels/vfleet_healthcheck-0.1.0-py3-none-any.whl
+# The probe wheel; its version is set only in healthcheck/pyproject.toml.
+HC_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' healthcheck/pyproject.toml)
+WHEEL := build/wheels/vfleet_healthcheck-$(HC_VERSION)-py3-none-any.whl
 # Reproducible wheel bytes, so a redeploy copies nothing.
 export SOURCE_DATE_EPOCH := 1767225600
 export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg

@@ -173,9 +173,8 @@ def test_port_in_use_fails_preflight_and_touches_nothing(
 def test_missing_model_dir_fails_preflight(deployed: subprocess.CompletedProcess[str]) -> None:
     r = make("deploy", "INSTANCE=nomodel", "MODEL=qwen3.6-27b-fp8", f"SET=port={free_port()}")
     assert r.returncode == 2  # make reports the failed playbook with exit 2
-    assert "qwen3.6-27b-fp8 has no config.json" in r.stdout.replace("\n", " ") or (
-        "has no config.json" in r.stdout
-    ), r.stdout[-3000:]
+    text = " ".join(r.stdout.split())
+    assert "has no config.json (model qwen3.6-27b-fp8)" in text and "Fix:" in text, text[-3000:]
     assert not (BASE / "instances" / "nomodel" / "current").exists()
 
 

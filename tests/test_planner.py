@@ -17,6 +17,7 @@ from vfleet.planner import KvInputs, arch_from_config, kv_plan, plan_launch
 from vfleet.profiles import load_model
 
 from .conftest import Result
+from .hf_configs import HYBRID
 
 # (deployment, reported KV tokens, what the figure is for the planner)
 SEEDS = [
@@ -135,26 +136,7 @@ def test_layouts_show_both_4_gpu_layouts(cli: Callable[..., Result]) -> None:
 
 
 def test_model_dir_reads_config_json(cli: Callable[..., Result], tmp_path: Path) -> None:
-    cfg = {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "num_hidden_layers": 4,
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "full_attention_interval": 4,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 64,
-        "linear_value_head_dim": 64,
-        "linear_conv_kernel_dim": 4,
-        "vocab_size": 1024,
-        "max_position_embeddings": 4096,
-        "mtp_num_hidden_layers": 1,
-        "num_experts": 4,
-        "torch_dtype": "bfloat16",
-    }
+    cfg = dict(HYBRID, mtp_num_hidden_layers=1, max_position_embeddings=4096)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     r = cli("plan", "-p", "cpu", "--model-dir", str(tmp_path), "--json")
     assert r.rc == 0 and json.loads(r.out)["kv_cache_tokens"] == 838_860

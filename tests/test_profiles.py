@@ -83,3 +83,11 @@ def test_nested_set_merges_instead_of_replacing() -> None:
         "prompt_lookup_max": 3,
         "prompt_lookup_min": 1,
     }
+
+
+def test_extra_env_merges_across_layers_like_other_mappings(tmp_path: Path) -> None:
+    dep = tmp_path / "d.yaml"
+    dep.write_text("profile: cpu\nmodel: tiny-dense\nsettings: {extra_env: {A: '1', B: '1'}}\n")
+    launch = resolve("", "", deployment=dep, sets=["extra_env.B=2"])
+    env = {e.key: e.value for e in launch.env}
+    assert (env["A"], env["B"]) == ("1", "2")

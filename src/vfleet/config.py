@@ -239,6 +239,19 @@ class ServeSettings(Strict):
     extra_args: dict[str, Any] | None = None
     extra_env: dict[str, str] | None = None
 
+    @field_validator("extra_env", mode="before")
+    @classmethod
+    def _env_values_as_text(cls, v: Any) -> Any:
+        # `--set extra_env.X=2` and `X: 2` in YAML arrive as numbers; env values are text.
+        if isinstance(v, dict):
+            return {
+                k: (str(x).lower() if isinstance(x, bool) else str(x))
+                if isinstance(x, int | float | bool)
+                else x
+                for k, x in v.items()
+            }
+        return v
+
     @field_validator("extra_args")
     @classmethod
     def _no_dashes(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,3 +1,8 @@
-"""Host-side helpers that run next to vLLM with no dependencies beyond the standard library."""
+"""Host-side companions of vLLM: the readiness probe (stdlib only) and the metrics sidecar."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:  # the version lives only in healthcheck/pyproject.toml
+    __version__ = version("vfleet-healthcheck")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"

@@ -1,0 +1,365 @@
+"""vfleet-exporter: the metrics sidecar that runs next to one vLLM instance.
+
+At each scrape of its own `/metrics` it scrapes vLLM's `/metrics` (a custom Collector: no
+background thread polls vLLM), adds the sample to a sliding window and exports the derived
+figures under the `vfleet_` prefix with the deployment's identity as constant labels. When vLLM
+cannot be read, only `vfleet_vllm_up 0`, the scrape duration and the exporter's own counters are
+exported: no stale figures. Bad input never crashes it; each new problem is logged once.
+
+    vfleet-exporter --vllm-url http://127.0.0.1:8000 --listen 127.0.0.1:9500 [--window 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .vllm_metrics import Family, UnsupportedVersion, families, parse, table_version
+from .window import Figures, Window
+
+log = logging.getLogger("vfleet-exporter")
+
+IDENTITY = ("host", "profile", "preset", "vfleet_instance", "model_name")
+INFO_KEYS = ("vllm_version", "stack", "torch", "plugin", "plugin_features", "release")
+
+# figure name -> (metric name, help)
+SCALARS: dict[str, tuple[str, str]] = {
+    "spec_decode_acceptance_rate": (
+        "vfleet_spec_decode_acceptance_rate",
+        "Accepted draft tokens / draft tokens over the window.",
+    ),
+    "spec_decode_mean_acceptance_length": (
+        "vfleet_spec_decode_mean_acceptance_length",
+        "1 + accepted draft tokens / drafts over the window (tokens per verify step).",
+    ),
+    "spec_decode_drafts_per_second": ("vfleet_spec_decode_drafts_per_second", "Drafts per s."),
+    "spec_decode_draft_tokens_per_second": (
+        "vfleet_spec_decode_draft_tokens_per_second",
+        "Draft tokens proposed per second.",
+    ),
+    "spec_decode_accepted_tokens_per_second": (
+        "vfleet_spec_decode_accepted_tokens_per_second",
+        "Draft tokens accepted per second.",
+    ),
+    "decode_tokens_per_second": (
+        "vfleet_decode_tokens_per_second",
+        "Generated tokens per second, all requests.",
+    ),
+    "prefill_tokens_per_second": ("vfleet_prefill_tokens_per_second", "Prompt tokens per s."),
+    "steps_per_second": ("vfleet_steps_per_second", "Engine steps per second."),
+    "tokens_per_step": ("vfleet_tokens_per_step", "Generated tokens per engine step."),
+    "stream_decode_tokens_per_second": (
+        "vfleet_stream_decode_tokens_per_second",
+        "Per-stream decode speed: tokens after the first / inter-token time.",
+    ),
+    "requests_running": ("vfleet_requests_running", "Requests running (last sample)."),
+    "requests_waiting": ("vfleet_requests_waiting", "Requests waiting (last sample)."),
+    "kv_cache_usage_ratio": ("vfleet_kv_cache_usage_ratio", "KV cache usage 0..1 (last sample)."),
+}
+QUANTILE_METRICS = {
+    "ttft": ("vfleet_time_to_first_token_seconds", "Time to first token over the window."),
+    "itl": (
+        "vfleet_inter_token_latency_seconds",
+        "Inter-token latency (one engine step as a request sees it) over the window.",
+    ),
+}
+
+
+class UpstreamError(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def fetch(url: str, timeout: float) -> str:
+    """GET ``url``; raise UpstreamError(reason) on anything but a complete 200 response."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body: bytes = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise UpstreamError(f"http_{exc.code}", f"HTTP {exc.code} from {url}") from None
+    except TimeoutError:
+        raise UpstreamError("timeout", f"no answer from {url} within {timeout} s") from None
+    except http.client.IncompleteRead:
+        raise UpstreamError("truncated", f"{url} closed the connection mid-body") from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise UpstreamError("timeout", f"no answer from {url} within {timeout} s") from None
+        raise UpstreamError("connect", f"cannot reach {url}: {exc.reason}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise UpstreamError("connect", f"{url}: {exc}") from None
+    return body.decode("utf-8", errors="replace")
+
+
+@dataclass
+class Identity:
+    labels: dict[str, str] = field(default_factory=dict)  # IDENTITY keys
+    info: dict[str, str] = field(default_factory=dict)  # INFO_KEYS
+
+    @classmethod
+    def from_file(cls, path: Path) -> Identity:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        labels = {k: str(data["labels"][k]) for k in IDENTITY if k in data.get("labels", {})}
+        info = {k: str(data["info"][k]) for k in INFO_KEYS if k in data.get("info", {})}
+        # A deploy installs sidecar.json in releases/<id>/ (reached through `current`): the
+        # release id is the folder's name, so a rollback shows up as a changed label.
+        real = path.resolve()
+        if real.parent.parent.name == "releases":
+            info.setdefault("release", real.parent.name)
+        return cls(labels, info)
+
+
+class VllmCollector(Collector):
+    """Scrapes vLLM when Prometheus scrapes us. One lock: concurrent scrapes queue."""
+
+    def __init__(
+        self,
+        vllm_url: str,
+        *,
+        window: float = 60.0,
+        timeout: float = 3.0,
+        identity: Identity | None = None,
+        vllm_version: str = "0.32",
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.url = vllm_url.rstrip("/") + "/metrics"
+        self.timeout = timeout
+        self.identity = identity or Identity()
+        self.table: dict[str, Family] = families(vllm_version)
+        self.table_version = table_version(vllm_version)
+        self.window = Window(window, self.table)
+        self.clock = clock
+        self.errors: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+        self._up: bool | None = None
+        self.last_figures = Figures()
+
+    # -- logging: each distinct problem once, and every up/down change
+    def _once(self, key: str, message: str) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message)
+
+    def _set_up(self, up: bool, detail: str = "") -> None:
+        if up != self._up:
+            if up:
+                log.info("vLLM at %s is up", self.url)
+            else:
+                log.warning("vLLM at %s is down: %s", self.url, detail)
+        self._up = up
+
+    def scrape(self) -> tuple[bool, float]:
+        """Scrape vLLM once and update the window. Returns (up, seconds taken)."""
+        t0 = time.perf_counter()
+        try:
+            text = fetch(self.url, self.timeout)
+            if not text.endswith("\n"):
+                # A body cut at a line may end inside a number: drop the last line.
+                text = text.rsplit("\n", 1)[0] if "\n" in text else ""
+            parsed = parse(text, self.table)
+            if not parsed.values:
+                raise UpstreamError("parse", f"{self.url} returned no vLLM metrics")
+        except UpstreamError as exc:
+            self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
+            self._set_up(False, str(exc))
+            self.window.clear()  # a gap in the samples would hide an outage inside a rate
+            self.last_figures = Figures()
+            return False, time.perf_counter() - t0
+        for logical, why in parsed.bad.items():
+            self._once(f"bad:{logical}:{why}", f"skipping {logical} this scrape: {why}")
+        for logical, fam in self.table.items():
+            if logical not in parsed.bad and fam.kind != "gauge" and not any(
+                k == logical or k.startswith(logical + "/") for k in parsed.values
+            ):
+                self._once(f"missing:{logical}", f"vLLM does not export {fam.name}")
+        if self.window.add(self.clock(), parsed):
+            log.warning("vLLM restarted (restart %d seen by this exporter)", self.window.restarts)
+        self._set_up(True)
+        self.last_figures = self.window.figures()
+        return True, time.perf_counter() - t0
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            up, took = self.scrape()
+            figures = self.last_figures
+        names = list(self.identity.labels)
+        values = [self.identity.labels[k] for k in names]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(values, value)
+            return g
+
+        yield gauge("vfleet_vllm_up", "1 if vLLM's /metrics was read at this scrape.", float(up))
+        yield gauge("vfleet_scrape_duration_seconds", "Time to read vLLM's /metrics.", took)
+        errors = CounterMetricFamily(
+            "vfleet_upstream_errors", "Failed reads of vLLM's /metrics.", labels=[*names, "reason"]
+        )
+        for reason, count in sorted(self.errors.items()):
+            errors.add_metric([*values, reason], count)
+        yield errors
+        restarts = CounterMetricFamily(
+            "vfleet_vllm_restarts", "vLLM restarts this exporter saw.", labels=names
+        )
+        restarts.add_metric(values, self.window.restarts)
+        yield restarts
+        info = GaugeMetricFamily(
+            "vfleet_info",
+            "What this instance runs (always 1).",
+            labels=[*names, *INFO_KEYS, "exporter_version", "metrics_table"],
+        )
+        info.add_metric(
+            [
+                *values,
+                *(self.identity.info.get(k, "") for k in INFO_KEYS),
+                __version__,
+                self.table_version,
+            ],
+            1.0,
+        )
+        yield info
+        if not up:
+            return
+        if figures.window_seconds is not None:
+            yield gauge(
+                "vfleet_window_seconds",
+                "Time between the oldest and newest vLLM sample in the window.",
+                figures.window_seconds,
+            )
+        for key, (name, doc) in SCALARS.items():
+            if key in figures.scalars:
+                yield gauge(name, doc, figures.scalars[key])
+        if figures.positions:
+            pos = GaugeMetricFamily(
+                "vfleet_spec_decode_position_acceptance_rate",
+                "Accepted tokens at a draft position / drafts over the window.",
+                labels=[*names, "position"],
+            )
+            for position, rate in sorted(figures.positions.items(), key=lambda x: int(x[0])):
+                pos.add_metric([*values, position], rate)
+            yield pos
+        for key, (name, doc) in QUANTILE_METRICS.items():
+            if key in figures.quantiles:
+                q = GaugeMetricFamily(name, doc, labels=[*names, "quantile"])
+                for quantile, v in figures.quantiles[key].items():
+                    q.add_metric([*values, str(quantile)], v)
+                yield q
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vfleet-exporter",
+        description="Metrics sidecar for one vLLM instance: scrapes vLLM's /metrics when "
+        "Prometheus scrapes this exporter and exports MTP acceptance, decode speed "
+        "(tokens/step x steps/s), TTFT and inter-token latency quantiles over a sliding "
+        "window, with the deployment's identity as labels.",
+        epilog="Example: vfleet-exporter --vllm-url http://127.0.0.1:8000 "
+        "--listen 127.0.0.1:9500 --config /opt/vfleet/instances/main/current/sidecar.json",
+    )
+    p.add_argument("--vllm-url", required=True, help="vLLM base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--listen", type=_listen, default=("127.0.0.1", 9500), help="HOST:PORT to serve /metrics"
+    )
+    p.add_argument(
+        "--window", type=float, default=60.0, help="sliding window in seconds (default 60)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for vLLM's /metrics; keep it below Prometheus' scrape timeout "
+        "(default 3)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="sidecar.json rendered by vfleet (identity labels, versions, release)",
+    )
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"identity label (one of {', '.join(IDENTITY)}); overrides --config",
+    )
+    p.add_argument(
+        "--vllm-version",
+        help="vLLM version, selects the metric-name table (default: from --config, else 0.32)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        identity = Identity.from_file(args.config) if args.config else Identity()
+        for item in args.label:
+            key, sep, value = item.partition("=")
+            if not sep or key not in IDENTITY:
+                raise ValueError(f"--label {item!r}: expected KEY=VALUE with KEY in {IDENTITY}")
+            identity.labels[key] = value
+        version = args.vllm_version or identity.info.get("vllm_version") or "0.32"
+        collector = VllmCollector(
+            args.vllm_url,
+            window=args.window,
+            timeout=args.timeout,
+            identity=identity,
+            vllm_version=version,
+        )
+    except (OSError, ValueError, KeyError, UnsupportedVersion) as exc:
+        print(f"vfleet-exporter: error: {exc}", file=sys.stderr)
+        return 2
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    host, port = args.listen
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        print(f"vfleet-exporter: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 2
+    log.info(
+        "serving http://%s:%d/metrics for %s (window %.0f s, metric names of vLLM %s)",
+        host,
+        port,
+        collector.url,
+        args.window,
+        collector.table_version,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""A sliding window of vLLM samples and the figures derived from it.
+
+Each sample holds vLLM's cumulative counters as they were at one scrape. A figure is the delta
+between the oldest and the newest sample in the window, divided by the elapsed time or by
+another delta. Counters that went back (vLLM restarted) are continued the way Prometheus'
+`rate()` does: the value before the reset is added to everything after it, so no figure goes
+negative or jumps. A restart is also recognised by `process_start_time_seconds` changing,
+which catches a restarted server whose counters already passed their old values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .vllm_metrics import Family, Parsed
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
+
+@dataclass
+class Sample:
+    t: float  # monotonic seconds
+    values: dict[str, float]  # counters continued across resets; gauges as read
+
+
+@dataclass
+class Figures:
+    """Derived figures; a missing key means "not computable" (never a fake 0)."""
+
+    scalars: dict[str, float] = field(default_factory=dict)
+    positions: dict[str, float] = field(default_factory=dict)  # draft position -> rate
+    quantiles: dict[str, dict[float, float]] = field(default_factory=dict)
+    window_seconds: float | None = None
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative bucket counts {upper bound: count}."""
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    if not math.isinf(bounds[-1]):
+        return None
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper in bounds:
+        count = buckets[upper]
+        if count >= rank:
+            if math.isinf(upper):
+                return lower  # the top finite bound, as Prometheus does
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return None
+
+
+class Window:
+    def __init__(self, seconds: float, table: dict[str, Family]) -> None:
+        if seconds <= 0:
+            raise ValueError("window must be positive")
+        self.seconds = seconds
+        self.table = table
+        self.samples: deque[Sample] = deque()
+        self.restarts = 0
+        self._offset: dict[str, float] = {}
+        self._last_raw: dict[str, float] = {}
+        self._start_time: float | None = None
+
+    def _cumulative(self, key: str) -> bool:
+        logical = key.split("/", 1)[0]
+        fam = self.table.get(logical)
+        return fam is not None and fam.kind in ("counter", "histogram")
+
+    def add(self, t: float, parsed: Parsed) -> bool:
+        """Add a scrape taken at monotonic time ``t``. Returns True if vLLM restarted."""
+        raw = parsed.values
+        start = raw.get("process_start_time")
+        restarted = start is not None and self._start_time is not None and start != self._start_time
+        counters = {k: v for k, v in raw.items() if self._cumulative(k)}
+        if not restarted:
+            restarted = any(v < self._last_raw.get(k, -math.inf) for k, v in counters.items())
+        if restarted:
+            self.restarts += 1
+            for key, before in self._last_raw.items():
+                self._offset[key] = self._offset.get(key, 0.0) + before
+        if start is not None:
+            self._start_time = start
+        # Keep the last raw value of counters this scrape did not have (a skipped family).
+        self._last_raw = {**({} if restarted else self._last_raw), **counters}
+        values = {k: v + self._offset.get(k, 0.0) if k in counters else v for k, v in raw.items()}
+        self.samples.append(Sample(t, values))
+        while self.samples and self.samples[0].t < t - self.seconds:
+            self.samples.popleft()
+        return restarted
+
+    def clear(self) -> None:
+        self.samples.clear()
+
+    def figures(self) -> Figures:
+        out = Figures()
+        if not self.samples:
+            return out
+        new = self.samples[-1]
+        for key, name in (
+            ("requests_running", "requests_running"),
+            ("requests_waiting", "requests_waiting"),
+            ("kv_cache_usage", "kv_cache_usage_ratio"),
+        ):
+            if key in new.values:
+                out.scalars[name] = new.values[key]
+        if len(self.samples) < 2:
+            return out
+        old = self.samples[0]
+        dt = new.t - old.t
+        if dt <= 0:
+            return out
+        out.window_seconds = dt
+
+        def delta(key: str) -> float | None:
+            if key in new.values and key in old.values:
+                return max(0.0, new.values[key] - old.values[key])
+            return None
+
+        def put(name: str, num: float | None, den: float | None, plus: float = 0.0) -> None:
+            if num is not None and den is not None and den > 0:
+                out.scalars[name] = plus + num / den
+
+        gen = delta("generation_tokens")
+        steps = delta("iteration_tokens/count")
+        drafts = delta("spec_drafts")
+        draft_tokens = delta("spec_draft_tokens")
+        accepted = delta("spec_accepted_tokens")
+        put("decode_tokens_per_second", gen, dt)
+        put("prefill_tokens_per_second", delta("prompt_tokens"), dt)
+        put("steps_per_second", steps, dt)
+        put("tokens_per_step", gen, steps)
+        put("spec_decode_drafts_per_second", drafts, dt)
+        put("spec_decode_draft_tokens_per_second", draft_tokens, dt)
+        put("spec_decode_accepted_tokens_per_second", accepted, dt)
+        put("spec_decode_acceptance_rate", accepted, draft_tokens)
+        put("spec_decode_mean_acceptance_length", accepted, drafts, plus=1.0)
+        first_tokens = delta("ttft/count")
+        if gen is not None and first_tokens is not None:
+            put("stream_decode_tokens_per_second", max(0.0, gen - first_tokens), delta("itl/sum"))
+        if drafts:
+            prefix = "spec_accepted_per_pos/"
+            for key in new.values:
+                if key.startswith(prefix):
+                    d = delta(key)
+                    if d is not None:
+                        out.positions[key[len(prefix) :]] = d / drafts
+        for hist in ("ttft", "itl"):
+            prefix = f"{hist}/le/"
+            buckets: dict[float, float] = {}
+            for key in new.values:
+                if key.startswith(prefix):
+                    d = delta(key)
+                    if d is not None:
+                        buckets[float(key[len(prefix) :])] = d
+            qs = {q: v for q in QUANTILES if (v := histogram_quantile(q, buckets)) is not None}
+            if qs:
+                out.quantiles[hist] = qs
+        return out

@@ -6,33 +6,36 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vfleet.compile import resolve
 from vfleet.config import HostVars
-from vfleet.render import render_files, unit_name, write_atomic
+from vfleet.render import render_files, sidecar_unit_name, unit_name, write_atomic
 
 from .test_rules import COMBOS
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+@pytest.mark.parametrize("which", [unit_name, sidecar_unit_name], ids=["vllm", "sidecar"])
 @pytest.mark.parametrize(("profile", "model"), COMBOS)
-def test_unit_verifies_clean(tmp_path: Path, profile: str, model: str) -> None:
+def test_unit_verifies_clean(tmp_path: Path, profile: str, model: str, which: Any) -> None:
     base = tmp_path / "vfleet"
     launch = resolve(profile, model, host=HostVars(base_dir=str(base)))
     inst = base / "instances" / "main"
     release = inst / "releases" / "r1"
     write_atomic(render_files(launch), release)
     (inst / "current").symlink_to(release)
-    # The unit's commands must exist for verify; the probe lives in the vLLM venv.
-    probe = Path(launch.venv) / "bin" / "vfleet-probe"
-    probe.parent.mkdir(parents=True)
-    probe.write_text("#!/bin/sh\n")
-    probe.chmod(0o755)
+    # The unit's commands must exist for verify; probe and exporter live in the vLLM venv.
+    bindir = Path(launch.venv) / "bin"
+    bindir.mkdir(parents=True)
+    for tool in ("vfleet-probe", "vfleet-exporter"):
+        (bindir / tool).write_text("#!/bin/sh\n")
+        (bindir / tool).chmod(0o755)
     (base / "logs").mkdir()
-    unit = tmp_path / unit_name("main")
-    shutil.copy(release / unit_name("main"), unit)
+    unit = tmp_path / which("main")
+    shutil.copy(release / which("main"), unit)
     proc = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", str(unit)],
         capture_output=True,

@@ -382,6 +382,8 @@ def cmd_model_make(a: argparse.Namespace) -> int:
         cmd = [python, str(script), gen, str(dest), "--arch-json", arch_json, "--seed", str(a.seed)]
         if a.force:
             cmd.append("--force")
+        if a.unwired:
+            cmd.append("--unwired")
         rc = subprocess.run(cmd, check=False).returncode
     finally:
         os.unlink(arch_json)
@@ -491,6 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--python", help="python with torch + transformers (default: this one)")
     mm.add_argument("--seed", type=int, default=0, help="weights seed (default: 0)")
     mm.add_argument("--force", action="store_true", help="rebuild a non-empty DIR")
+    mm.add_argument(
+        "--unwired",
+        action="store_true",
+        help="keep every weight random: answers are noise and the MTP head's drafts are "
+        "rejected (acceptance ~0%%), the case an acceptance-collapse alert must catch",
+    )
     mm.set_defaults(fn=cmd_model_make)
     return p
 

@@ -200,6 +200,20 @@ class Speculative(Strict):
     prompt_lookup_min: int | None = Field(None, ge=1)
 
 
+class Alerts(Strict):
+    """Alert thresholds for one profile x model (Prometheus rules join on profile and preset).
+
+    Unset means: no such alert for this deployment.
+    """
+
+    # Drafts flowing but fewer than this share accepted (e.g. YaRN past the native context).
+    acceptance_floor: float | None = Field(None, ge=0, le=1)
+    # Per-stream decode speed (tokens after the first / inter-token time) below this.
+    stream_decode_tokens_per_second_floor: float | None = Field(None, gt=0)
+    ttft_p95_budget_s: float | None = Field(None, gt=0)
+    kv_cache_usage_ceiling: float | None = Field(None, gt=0, le=1)
+
+
 class ServeSettings(Strict):
     """What an operator may set, in any layer. None means: let the rules decide."""
 
@@ -235,6 +249,10 @@ class ServeSettings(Strict):
     shutdown_timeout_s: int | None = Field(None, ge=0)
     omp_num_threads: int | None = Field(None, ge=1)
     log_requests: bool | None = None
+    # The metrics sidecar (vfleet-exporter) next to this instance.
+    sidecar_port: int | None = Field(None, ge=1, le=65535)
+    sidecar_window_s: int | None = Field(None, ge=5, le=3600)
+    alerts: Alerts | None = None
     # Escape hatches: passed through verbatim, shown in `vfleet explain` as operator overrides.
     extra_args: dict[str, Any] | None = None
     extra_env: dict[str, str] | None = None
@@ -272,6 +290,8 @@ class Deployment(Strict):
 class HostVars(Strict):
     """Where things live on the serving host. Filled from the inventory or CLI defaults."""
 
+    # The host's name in the inventory: the `host` label of its metrics.
+    name: str = "localhost"
     base_dir: str = "/opt/vfleet"
     python: str = "python3"
     cuda_home: str = "/usr/local/cuda"
@@ -287,6 +307,9 @@ class HostVars(Strict):
 
     def log_file(self, instance: str) -> str:
         return f"{self.base_dir}/logs/vllm-{instance}.log"
+
+    def sidecar_log_file(self, instance: str) -> str:
+        return f"{self.base_dir}/logs/sidecar-{instance}.log"
 
     def cache_dir(self, instance: str) -> str:
         return f"{self.base_dir}/cache/{instance}"

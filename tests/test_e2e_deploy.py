@@ -33,12 +33,14 @@ def free_port() -> int:
 
 
 PORT = free_port()
+SIDECAR_PORT = free_port()
+PROMETHEUS = f"127.0.0.1:{free_port()}"
 
 
 def make(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     return subprocess.run(
-        ["make", "--no-print-directory", *args, f"BASE_DIR={BASE}"],
+        ["make", "--no-print-directory", *args, f"BASE_DIR={BASE}", f"PROMETHEUS={PROMETHEUS}"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -79,7 +81,7 @@ def counter(name: str) -> float:
 @pytest.fixture(scope="module")
 def deployed() -> Iterator[subprocess.CompletedProcess[str]]:
     t0 = time.monotonic()
-    r = make("deploy", f"SET=port={PORT}")
+    r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
     print(f"first deploy: {time.monotonic() - t0:.0f} s")
     try:
         yield r
@@ -136,8 +138,34 @@ def test_probe_reports_every_tier(deployed: subprocess.CompletedProcess[str]) ->
     assert list(report["tiers"]) == ["live", "models", "serving", "warm"]
 
 
+def test_sidecar_and_prometheus_come_with_the_deploy(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    status, body = http("/metrics", port=SIDECAR_PORT)
+    text = body.decode()
+    assert status == 200 and 'vfleet_vllm_up{host="localhost"' in text, text[:2000]
+    assert re.search(r'^vfleet_info\{.*release="[0-9a-f]{12}".*vllm_version="0.32.0"', text, re.M)
+    prom = f"http://{PROMETHEUS}"
+    with urllib.request.urlopen(f"{prom}/api/v1/rules", timeout=30) as resp:
+        groups = {g["name"]: g for g in json.loads(resp.read())["data"]["groups"]}
+    assert set(groups) == {"vfleet-recording", "vfleet-alerts", "vfleet-thresholds"}
+    # The CPU profile and the preset set thresholds: they are series for this instance.
+    thresholds = {r["name"] for r in groups["vfleet-thresholds"]["rules"]}
+    assert "vfleet:threshold:spec_decode_acceptance_floor" in thresholds
+    health: dict[str, str] = {}
+    for _ in range(20):  # bounded: targets are found within a scrape interval or two
+        with urllib.request.urlopen(f"{prom}/api/v1/targets", timeout=30) as resp:
+            targets = json.loads(resp.read())["data"]["activeTargets"]
+        health = {t["labels"]["job"]: t["health"] for t in targets}
+        if health == {"vllm": "up", "vfleet-sidecar": "up", "prometheus": "up"}:
+            break
+        time.sleep(3)
+    assert health == {"vllm": "up", "vfleet-sidecar": "up", "prometheus": "up"}, health
+    assert "Prometheus: " + prom in deployed.stdout
+
+
 def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str]) -> None:
-    r = make("deploy", f"SET=port={PORT}")
+    r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
     assert r.returncode == 0, r.stdout[-3000:]
     assert recap(r.stdout)["changed"] == 0, r.stdout[-6000:]
 
@@ -147,7 +175,11 @@ def test_check_diff_shows_pending_change_and_changes_nothing(
 ) -> None:
     current = BASE / "instances" / "main" / "current"
     before = (os.readlink(current), sorted(os.listdir(BASE / "instances" / "main" / "releases")))
-    r = make("deploy", f"SET=port={PORT} max_num_seqs=2", "ANSIBLE_ARGS=--check --diff")
+    r = make(
+        "deploy",
+        f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_num_seqs=2",
+        "ANSIBLE_ARGS=--check --diff",
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert "+max-num-seqs: 2" in r.stdout
     assert recap(r.stdout)["changed"] > 0
@@ -200,11 +232,15 @@ def test_stop_stops_the_server(deployed: subprocess.CompletedProcess[str]) -> No
         time.sleep(1)
     else:
         pytest.fail(f"port {PORT} still open 60 s after make stop")
+    # The sidecar and (with the last local instance) the fleet's Prometheus go too.
+    for hostport in (("127.0.0.1", SIDECAR_PORT), tuple(PROMETHEUS.split(":"))):
+        with pytest.raises(OSError):
+            socket.create_connection((hostport[0], int(hostport[1])), timeout=2).close()
 
 
 def test_deploy_after_stop_serves_again(deployed: subprocess.CompletedProcess[str]) -> None:
     # `make stop` also ends pm2's daemon when nothing is left; pm2 then prints start-up lines
     # before its JSON on the next deploy (a bug found by the deploy-vs-bare benchmark).
-    r = make("deploy", f"SET=port={PORT}")
+    r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
     assert r.returncode == 0, r.stdout[-3000:]
     assert http("/health")[0] == 200

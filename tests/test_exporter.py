@@ -12,6 +12,7 @@ import contextlib
 import http.server
 import logging
 import math
+import re
 import socket
 import subprocess
 import sys
@@ -414,3 +415,29 @@ def test_command_serves_metrics_and_stops_on_sigterm(upstream: Upstream) -> None
         out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0, out
     assert "serving http://127.0.0.1" in out
+
+
+@pytest.mark.parametrize("version", ["0.21.0", "0.24.0"])
+def test_table_matches_the_source_of_versions_that_do_not_install_here(version: str) -> None:
+    """0.21 and 0.24 CPU builds need a torch this machine cannot install: check their source.
+
+    vLLM registers counters without `_total` (prometheus_client adds it) and histograms by
+    their base name; the per-position counter lives in the spec-decode metrics module.
+    """
+    from .conftest import require_tools
+
+    src = REPO / ".cache" / "vllm-src" / version / "vllm" / "v1"
+    if not src.exists():
+        if require_tools():
+            pytest.fail(f"{src} missing (make tools)")
+        pytest.skip(f"no vLLM {version} source (make tools)")
+    text = (src / "metrics" / "loggers.py").read_text() + (
+        src / "spec_decode" / "metrics.py"
+    ).read_text()
+    # `name="vllm:..."` or, for the spec-decode counters of 0.24+, ("vllm:...", "doc") pairs.
+    registered = set(re.findall(r'"(vllm:[a-z_]+)"', text))
+    for logical, fam in families(version).items():
+        if fam.name == "process_start_time_seconds":
+            continue  # prometheus_client's process collector, not vLLM's
+        base = fam.name.removesuffix("_total") if fam.kind == "counter" else fam.name
+        assert base in registered, f"vLLM {version} does not register {base} ({logical})"

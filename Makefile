@@ -36,7 +36,7 @@ ANSIBLE_VARS = -e vfleet_hosts=$(HOST) -e vfleet_profile=$(PROFILE) -e vfleet_mo
 
 .PHONY: help
 help: ## show this help
-	@echo "vfleet make targets (variables: HOST=$(HOST) PROFILE=$(PROFILE) MODEL=$(MODEL) INSTANCE=$(INSTANCE) BASE_DIR=$(BASE_DIR))"
+	@echo "vfleet make targets (variables: HOST=$(HOST) PROFILE=$(PROFILE) MODEL=$(MODEL) INSTANCE=$(INSTANCE) BASE_DIR=$(BASE_DIR) PROMETHEUS=$(PROMETHEUS))"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(BIN)/vfleet: pyproject.toml healthcheck/pyproject.toml
@@ -54,7 +54,7 @@ $(WHEEL): healthcheck/pyproject.toml $(wildcard healthcheck/src/vfleet_healthche
 	rm -rf healthcheck/build healthcheck/src/*.egg-info
 
 .PHONY: wheels
-wheels: $(WHEEL) ## build the host-side wheels (probe)
+wheels: $(WHEEL) ## build the host-side wheel (probe + metrics sidecar)
 
 .PHONY: deploy
 deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine)
@@ -63,6 +63,10 @@ deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on t
 .PHONY: stop
 stop: venv ## stop the instance on HOST
 	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/stop.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
+
+.PHONY: status
+status: venv ## what the local instances are doing: acceptance, tok/s, tokens/step, TTFT
+	$(BIN)/vfleet status --base-dir $(BASE_DIR)
 
 .PHONY: render
 render: venv ## render PROFILE x MODEL into out/PROFILE-MODEL and explain it
@@ -106,7 +110,7 @@ deps: ## install the Debian packages the tests need (as root; checks only otherw
 	fi
 
 .PHONY: lint
-lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze on rendered units
+lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, generated files up to date
 	$(BIN)/ruff check src healthcheck tests ansible/plugins bench
 	$(BIN)/ruff format --check src healthcheck tests ansible/plugins bench
 	$(BIN)/mypy src healthcheck/src

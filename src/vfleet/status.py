@@ -28,6 +28,7 @@ _IMPORT_ERROR: ImportError | None = None
 try:
     from vfleet_healthcheck.exporter import SCALARS, Identity, UpstreamError, fetch
     from vfleet_healthcheck.vllm_metrics import (
+        DEFAULT_VERSION,
         NOTES,
         UnsupportedVersion,
         families,
@@ -38,8 +39,6 @@ try:
 except ImportError as exc:  # `make venv` installs it; a bare `pip install vfleet` does not
     _IMPORT_ERROR = exc
 
-# The exporter's default when nothing says which vLLM runs (no /version, no sidecar.json).
-DEFAULT_VERSION = "0.32"
 
 TARGET_FIX = "pass a vLLM base URL such as http://127.0.0.1:8000, or HOST:PORT such as :8000"
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")

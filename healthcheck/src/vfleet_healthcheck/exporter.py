@@ -31,7 +31,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .vllm_metrics import Family, UnsupportedVersion, families, parse, table_version
+from .vllm_metrics import (
+    DEFAULT_VERSION,
+    Family,
+    UnsupportedVersion,
+    families,
+    parse,
+    table_version,
+)
 from .window import Figures, Window
 
 log = logging.getLogger("vfleet-exporter")
@@ -138,7 +145,7 @@ class VllmCollector(Collector):
         window: float = 60.0,
         timeout: float = 3.0,
         identity: Identity | None = None,
-        vllm_version: str = "0.32",
+        vllm_version: str = DEFAULT_VERSION,
         clock: Any = time.monotonic,
     ) -> None:
         self.url = vllm_url.rstrip("/") + "/metrics"
@@ -188,8 +195,10 @@ class VllmCollector(Collector):
         for logical, why in parsed.bad.items():
             self._once(f"bad:{logical}:{why}", f"skipping {logical} this scrape: {why}")
         for logical, fam in self.table.items():
-            if logical not in parsed.bad and fam.kind != "gauge" and not any(
-                k == logical or k.startswith(logical + "/") for k in parsed.values
+            if (
+                logical not in parsed.bad
+                and fam.kind != "gauge"
+                and not any(k == logical or k.startswith(logical + "/") for k in parsed.values)
             ):
                 self._once(f"missing:{logical}", f"vLLM does not export {fam.name}")
         if self.window.add(self.clock(), parsed):
@@ -326,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             if not sep or key not in IDENTITY:
                 raise ValueError(f"--label {item!r}: expected KEY=VALUE with KEY in {IDENTITY}")
             identity.labels[key] = value
-        version = args.vllm_version or identity.info.get("vllm_version") or "0.32"
+        version = args.vllm_version or identity.info.get("vllm_version") or DEFAULT_VERSION
         collector = VllmCollector(
             args.vllm_url,
             window=args.window,

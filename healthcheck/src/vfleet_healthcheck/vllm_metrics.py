@@ -60,6 +60,9 @@ TABLE: dict[tuple[int, int], dict[str, Family]] = {
     (0, 32): {},
 }
 
+# Assumed when nothing says which vLLM runs (no --vllm-version, no sidecar.json, no /version).
+DEFAULT_VERSION = "0.32"
+
 # What changed in meaning though the name did not (shown by `vfleet status --explain`).
 NOTES: dict[tuple[int, int], list[str]] = {
     (0, 21): [

@@ -164,6 +164,105 @@ def test_sidecar_and_prometheus_come_with_the_deploy(
     assert "Prometheus: " + prom in deployed.stdout
 
 
+def test_bench_against_the_deployment(
+    deployed: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """`vfleet bench` on the real CPU deployment, small sizes: JSON, markdown and PNG plots,
+    and its acceptance equals a sidecar's over the same window (the whole bench, no warmup
+    request, nothing else sending)."""
+    import sys
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    exporter_port = free_port()
+    exporter = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("vfleet-exporter")),
+            "--vllm-url",
+            f"http://127.0.0.1:{PORT}",
+            "--listen",
+            f"127.0.0.1:{exporter_port}",
+            "--window",
+            "3600",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def sidecar() -> dict[str, float]:
+        _, body = http("/metrics", port=exporter_port)
+        return {
+            s.name: s.value
+            for f in text_string_to_metric_families(body.decode())
+            for s in f.samples
+            if not s.labels
+        }
+
+    try:
+        for _ in range(50):  # bounded: 10 s
+            try:
+                sidecar()
+                break
+            except OSError:
+                time.sleep(0.2)
+        r = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("vfleet")),
+                "bench",
+                "run",
+                "--url",
+                f"http://127.0.0.1:{PORT}",
+                "--scenario",
+                "context,decode",
+                "--lengths",
+                "0,256",
+                "--decode-tokens",
+                "96",
+                "--repeats",
+                "1",
+                "--no-warmup",
+                "--time-limit",
+                "120",
+                "--out",
+                str(tmp_path / "bench"),
+                "--release-json",
+                str(BASE / "instances" / "main" / "current" / "release.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        after = sidecar()
+    finally:
+        os.killpg(exporter.pid, 9)
+        exporter.wait()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    result = json.loads((tmp_path / "bench" / "result.json").read_text())
+    assert result["completed"] and result["deployment"]["release"]["profile"] == "cpu"
+    runs = result["runs"]
+    assert [r["scenario"] for r in runs] == ["context"] * 4 + ["decode"]
+    assert all(r["completion_tokens"] == 96 and r["decode_tps"] > 0 for r in runs)
+    total = {k: sum(r["counters"][k] for r in runs) for k in runs[0]["counters"]}
+    assert after["vfleet_spec_decode_acceptance_rate"] == pytest.approx(
+        total["accepted_tokens"] / total["draft_tokens"]
+    )
+    assert after["vfleet_spec_decode_mean_acceptance_length"] == pytest.approx(
+        1 + total["accepted_tokens"] / total["drafts"]
+    )
+    assert after["vfleet_tokens_per_step"] == pytest.approx(
+        total["generation_tokens"] / total["steps"]
+    )
+    for r in runs:  # each run's own figures come from its own counter deltas
+        assert r["acceptance_rate"] == pytest.approx(
+            r["counters"]["accepted_tokens"] / r["counters"]["draft_tokens"]
+        )
+    assert "### Decode" in (tmp_path / "bench" / "result.md").read_text()
+    png = (tmp_path / "bench" / "context.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
 def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str]) -> None:
     r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
     assert r.returncode == 0, r.stdout[-3000:]

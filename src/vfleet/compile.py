@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import HardwareProfile, HostVars, ModelPreset, ServeSettings, Stack
+from .config import Baseline, HardwareProfile, HostVars, ModelPreset, ServeSettings, Stack
 from .errors import VfleetError
 from .profiles import (
     Layer,
+    find_baseline,
     layer_settings,
     load_deployment,
     load_model,
@@ -33,6 +34,9 @@ class Launch:
     origin: dict[str, str]
     host: HostVars
     ctx: Ctx
+    # What speed is normal here (profiles/baselines/), if anyone measured it.
+    baseline: Baseline | None = None
+    baseline_file: str | None = None
 
     @property
     def stack(self) -> Stack:
@@ -129,4 +133,15 @@ def resolve(
         )
     host = host or HostVars()
     ctx = apply(hw, preset, stack_name, settings, host, strict_memory=strict_memory)
-    return Launch(hw, preset, stack_name, settings, origin, host, ctx)
+    found = find_baseline(hw.name, preset.name, stack_name, root)
+    return Launch(
+        hw,
+        preset,
+        stack_name,
+        settings,
+        origin,
+        host,
+        ctx,
+        baseline=found[1] if found else None,
+        baseline_file=str(found[0]) if found else None,
+    )

@@ -315,5 +315,38 @@ class HostVars(Strict):
         return f"{self.base_dir}/cache/{instance}"
 
 
+# --------------------------------------------------------------------------- baselines
+
+
+class Expected(Strict):
+    """A measured figure: the range seen, and under what conditions."""
+
+    low: float = Field(ge=0)
+    high: float | None = Field(None, ge=0)
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Expected:
+        if self.high is not None and self.high < self.low:
+            raise ValueError("high must not be below low")
+        return self
+
+
+class Baseline(Strict):
+    """What speed is normal for a profile x model preset (x stack): `profiles/baselines/`.
+
+    From the seeds where they measured it, or saved by `vfleet bench run --save-baseline`.
+    The decode floor of the "decode below baseline" alert derives from `decode`.
+    """
+
+    profile: str = Field(pattern=NAME_PATTERN)
+    model: str = Field(pattern=NAME_PATTERN)
+    stack: str | None = None
+    source: str
+    decode_tokens_per_second: Expected | None = None
+    spec_decode_acceptance_rate: Expected | None = None
+    prefill_tokens_per_second: Expected | None = None
+
+
 HardwareProfile.model_rebuild()
 ModelPreset.model_rebuild()

@@ -27,15 +27,30 @@ PM2_NAME = "vfleet-prometheus"
 DEFAULT_LISTEN = "127.0.0.1:9090"
 
 
+# The "decode below baseline" alert fires 20 % under the lowest decode speed the baseline saw:
+# the seeds' own runs spread by about that much (seed 002: 77.6-105.6 tok/s).
+DECODE_FLOOR_SHARE = 0.8
+
+
+def effective_alerts(launch: Launch) -> Alerts:
+    """The instance's alert thresholds: its settings, plus a decode floor from its baseline
+    (profiles/baselines/) when the settings do not set one."""
+    alerts = launch.settings.alerts or Alerts()
+    decode = launch.baseline.decode_tokens_per_second if launch.baseline else None
+    if alerts.stream_decode_tokens_per_second_floor is None and decode is not None:
+        floor = round(decode.low * DECODE_FLOOR_SHARE, 1)
+        alerts = alerts.model_copy(update={"stream_decode_tokens_per_second_floor": floor})
+    return alerts
+
+
 def scrape_target(launch: Launch) -> dict[str, Any]:
     """What Prometheus needs to know about one instance (JSON-able, part of the deploy plan)."""
     sidecar = sidecar_config(launch)
-    alerts = launch.settings.alerts
     return {
         "labels": sidecar["labels"],
         "vllm_port": launch.port,
         "sidecar_port": int(sidecar["listen"].rsplit(":", 1)[1]),
-        "alerts": alerts.model_dump(exclude_none=True) if alerts else {},
+        "alerts": effective_alerts(launch).model_dump(exclude_none=True),
     }
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .config import Deployment, HardwareProfile, ModelPreset, ServeSettings
+from .config import Baseline, Deployment, HardwareProfile, ModelPreset, ServeSettings
 from .errors import VfleetError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -212,3 +212,31 @@ def layer_settings(layers: list[Layer]) -> tuple[ServeSettings, dict[str, str]]:
 
 def settings_from_set(items: list[str]) -> ServeSettings:
     return parse(ServeSettings, parse_set(items), "--set")
+
+
+BASELINES = "baselines"
+LOCAL_BASELINES = "local"  # an operator's own (`vfleet bench --save-baseline`) win
+
+
+def load_baselines(root: Path | None = None) -> list[tuple[Path, Baseline]]:
+    """Every baseline file under profiles/baselines/ (recursively), validated."""
+    folder = profiles_dir(root) / BASELINES
+    out: list[tuple[Path, Baseline]] = []
+    for path in sorted(folder.rglob("*.yaml")):
+        out.append((path, parse(Baseline, read_yaml(path), str(path))))
+    return out
+
+
+def find_baseline(
+    profile: str, model: str, stack: str | None = None, root: Path | None = None
+) -> tuple[Path, Baseline] | None:
+    """The baseline for profile x model on ``stack``: same stack before any stack, an
+    operator's own (profiles/baselines/local/) before the shipped ones."""
+    best: tuple[tuple[int, int], Path, Baseline] | None = None
+    for path, b in load_baselines(root):
+        if b.profile != profile or b.model != model or b.stack not in (None, stack):
+            continue
+        rank = (int(b.stack is not None), int(LOCAL_BASELINES in path.parent.parts[-1:]))
+        if best is None or rank >= best[0]:
+            best = (rank, path, b)
+    return (best[1], best[2]) if best else None

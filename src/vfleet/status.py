@@ -322,8 +322,33 @@ def as_json(r: Reading, now: float) -> dict[str, Any]:
     for hist in ("ttft", "itl"):
         for name, q in QUANTILES.items():
             out[f"{hist}_{name}_seconds"] = f.quantiles.get(hist, {}).get(q)
+    out["baseline_decode_tokens_per_second"] = _baseline_decode(r.target)
     out["warnings"] = r.warnings
     return out
+
+
+def _baseline_decode(target: Target) -> dict[str, Any] | None:
+    """The decode speed normal for this deployment (profiles/baselines/), if measured."""
+    from .errors import VfleetError
+    from .profiles import find_baseline
+
+    profile, preset = target.labels.get("profile"), target.labels.get("preset")
+    if not profile or not preset:
+        return None
+    try:
+        found = find_baseline(profile, preset, target.info.get("stack"))
+    except VfleetError:  # a broken baseline file must not hide the live figures
+        return None
+    if found is None or found[1].decode_tokens_per_second is None:
+        return None
+    d = found[1].decode_tokens_per_second
+    return {"low": d.low, "high": d.high, "source": found[1].source}
+
+
+def _expected(v: dict[str, Any] | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v['low']:g}" + (f"-{v['high']:g}" if v.get("high") is not None else "")
 
 
 Format = Callable[[Any], str]
@@ -373,6 +398,7 @@ ROWS: list[tuple[str, str, Format | None]] = [
     ("tokens/step", "tokens_per_step", _num(".2f")),
     ("steps/s", "steps_per_second", _num(".1f")),
     ("per-stream decode (tok/s)", "stream_decode_tokens_per_second", _num(".1f")),
+    ("baseline decode (tok/s)", "baseline_decode_tokens_per_second", _expected),
     ("acceptance (%)", "spec_decode_acceptance_rate", _num(".1f", 100)),
     ("mean acceptance length", "spec_decode_mean_acceptance_length", _num(".2f")),
     ("", "spec_decode_position_acceptance_rate", None),

@@ -284,6 +284,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a deployed release.json to embed (what was measured: versions, arguments)",
     )
     r.add_argument(
+        "--save-baseline",
+        type=Path,
+        metavar="FILE",
+        help="also save the decode, acceptance and prefill figures as the baseline of the "
+        "deployment named by --release-json (e.g. profiles/baselines/local/PROFILE--MODEL.yaml: "
+        "the decode-below-baseline alert and `vfleet status` then use it)",
+    )
+    r.add_argument(
         "--api-key-env",
         metavar="VAR",
         help="send the API key held in environment variable VAR (vLLM --api-key)",
@@ -356,6 +364,12 @@ def _version(client: Client) -> str | None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    if a.save_baseline and not a.release_json:
+        raise VfleetError(
+            "a baseline must name the deployment it was measured on",
+            key="--save-baseline",
+            fix="add --release-json <base>/instances/<instance>/current/release.json",
+        )
     try:  # the sidecar's parser and window; `make venv` installs them, a bare vfleet does not
         from vfleet_healthcheck.vllm_metrics import (
             DEFAULT_VERSION,
@@ -478,6 +492,11 @@ def cmd_run(a: argparse.Namespace) -> int:
         except ImportError as exc:
             print(f"no plots: {exc} (pip install matplotlib)", file=sys.stderr)
     print(json.dumps(doc, indent=2) if a.json else text, end="" if not a.json else "\n")
+    if a.save_baseline:
+        from .baseline import baseline_from, save
+
+        save(baseline_from(doc), a.save_baseline)
+        written.append(a.save_baseline)
     print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
     if not outcome.runs and outcome.stopped:
         raise Unreachable(outcome.stopped, where=url)

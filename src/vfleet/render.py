@@ -23,6 +23,7 @@ import yaml
 from . import __version__
 from .compile import Launch
 from .errors import VfleetError
+from .warmup import warmup_plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MARKER = ".vfleet-render"
@@ -188,7 +189,7 @@ def probe_config(launch: Launch) -> dict[str, Any]:
         "env_file": f"{launch.host.instance_dir(launch.instance)}/current/vllm.env",
         "state_dir": f"{launch.host.instance_dir(launch.instance)}/state",
         "serving_timeout_s": 60,
-        "warmup": {"prompts": ["Hello", "Write one sentence about GPUs."], "max_tokens": 8},
+        "warmup": warmup_plan(launch),
     }
 
 

@@ -29,8 +29,10 @@ class Target:
     model: str
     api_key: str | None = None
     timeout_s: float = 60.0
-    warmup_prompts: list[str] = field(default_factory=lambda: ["Hello"])
-    warmup_max_tokens: int = 8
+    # The warmup set rendered by vfleet (warmup.py): batch sizes, prefill lengths, a decode.
+    warmup_steps: list[dict[str, Any]] = field(
+        default_factory=lambda: [{"concurrency": 1, "prompt_tokens": 8, "max_tokens": 8}]
+    )
     state_dir: Path = Path(os.environ.get("VFLEET_PROBE_STATE", "/tmp"))
 
 
@@ -151,14 +153,44 @@ def check_warm(t: Target) -> tuple[bool, str]:
     return True, f"warmup ran {data.get('requests')} requests in {data.get('seconds')} s"
 
 
+# One filler unit; its token count is measured with vLLM's /tokenize (the tokenizer is not here).
+FILLER = "The quick brown fox jumps over the lazy dog. "
+
+
+def tokens_per_filler(t: Target) -> float:
+    """Tokens per FILLER unit for this model; a safe overestimate if /tokenize is missing."""
+    try:
+        status, raw = _request(t, "/tokenize", {"model": t.model, "prompt": FILLER * 20})
+        count = json.loads(raw).get("count") if status == 200 else None
+    except (ProbeError, ValueError):
+        count = None
+    return count / 20 if isinstance(count, int) and count > 0 else 20.0
+
+
+def warmup_prompt(tokens: int, per_filler: float, salt: int) -> str:
+    # A salt first: each request is new to the prefix cache, so its prefill really runs.
+    units = max(1, int(tokens / per_filler))
+    return f"[{salt}] " + FILLER * units
+
+
 def run_warmup(t: Target, progress: bool = True) -> tuple[bool, str]:
+    from concurrent.futures import ThreadPoolExecutor
+
     start = time.monotonic()
+    per_filler = tokens_per_filler(t)
     n = 0
-    for prompt in t.warmup_prompts:
-        complete(t, prompt, t.warmup_max_tokens)
-        n += 1
+    for i, step in enumerate(t.warmup_steps, 1):
+        width = int(step.get("concurrency", 1))
+        prompt_tokens = int(step.get("prompt_tokens", 8))
+        max_tokens = int(step.get("max_tokens", 8))
+        prompts = [warmup_prompt(prompt_tokens, per_filler, n + j) for j in range(width)]
+        with ThreadPoolExecutor(max_workers=width) as pool:
+            # list() re-raises the first failure: a warmup that cannot run is not warm.
+            list(pool.map(complete, [t] * width, prompts, [max_tokens] * width))
+        n += width
         if progress:
-            print(f"warmup {n}/{len(t.warmup_prompts)}", file=sys.stderr)
+            why = step.get("why", f"{width} x {prompt_tokens} tokens")
+            print(f"warmup {i}/{len(t.warmup_steps)}: {why}", file=sys.stderr)
     ident = server_identity(t)
     seconds = round(time.monotonic() - start, 2)
     t.state_dir.mkdir(parents=True, exist_ok=True)
@@ -206,8 +238,7 @@ def load_target(a: argparse.Namespace) -> Target:
         model=model,
         api_key=key,
         timeout_s=a.timeout or float(conf.get("serving_timeout_s", 60)),
-        warmup_prompts=list(warm.get("prompts", ["Hello"])),
-        warmup_max_tokens=int(warm.get("max_tokens", 8)),
+        warmup_steps=list(warm["steps"]) if warm.get("steps") else Target(url, model).warmup_steps,
         state_dir=Path(conf["state_dir"]) if conf.get("state_dir") else Target.state_dir,
     )
 

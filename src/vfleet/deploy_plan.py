@@ -14,11 +14,11 @@ from .compile import resolve
 from .config import HostVars
 from .monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
 from .render import (
+    local_host,
     pm2_name,
     probe_config,
     release_id,
     render_files,
-    sidecar_config,
     sidecar_pm2_name,
     sidecar_unit_name,
     unit_name,
@@ -104,7 +104,7 @@ def plan(
         "served_model_name": launch.served_model_name,
         "sidecar": {
             "port": launch.ctx.d["sidecar_port"],
-            "url": "http://" + sidecar_config(launch)["listen"],
+            "url": f"http://{local_host(launch)}:{launch.ctx.d['sidecar_port']}",
             "pm2_name": sidecar_pm2_name(inst),
             "unit_name": sidecar_unit_name(inst),
         },

@@ -179,12 +179,15 @@ def context(launch: Launch) -> dict[str, Any]:
     }
 
 
-def probe_config(launch: Launch) -> dict[str, Any]:
+def local_host(launch: Launch) -> str:
+    """The address a client on the same host uses for what listens on listen_host."""
     host = launch.listen_host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def probe_config(launch: Launch) -> dict[str, Any]:
     return {
-        "url": f"http://{host}:{launch.port}",
+        "url": f"http://{local_host(launch)}:{launch.port}",
         "served_model_name": launch.served_model_name,
         "env_file": f"{launch.host.instance_dir(launch.instance)}/current/vllm.env",
         "state_dir": f"{launch.host.instance_dir(launch.instance)}/state",
@@ -198,7 +201,8 @@ def sidecar_config(launch: Launch) -> dict[str, Any]:
     stack = launch.stack
     return {
         "vllm_url": probe_config(launch)["url"],
-        "listen": f"127.0.0.1:{launch.ctx.d['sidecar_port']}",
+        # Where vLLM listens, the sidecar listens: a remote Prometheus reaches both or neither.
+        "listen": f"{launch.listen_host}:{launch.ctx.d['sidecar_port']}",
         "window_s": launch.ctx.d["sidecar_window_s"],
         "labels": {
             "host": launch.host.name,

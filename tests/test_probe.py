@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from vfleet_healthcheck.probe import read_env_file
@@ -75,3 +76,77 @@ def test_env_file_is_read_like_systemd_and_sh(tmp_path: Path) -> None:
     f = tmp_path / "vllm.env"
     f.write_text("# comment\nVLLM_API_KEY='sk-1 2'\nOTHER=plain\n")
     assert read_env_file(f) == {"VLLM_API_KEY": "sk-1 2", "OTHER": "plain"}
+
+
+def test_wait_stops_when_the_server_process_exits() -> None:
+    """ExecStartPost passes $MAINPID: a server dying at start fails the start at once."""
+    port = closed_port()
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    start = time.monotonic()
+    r = subprocess.run(
+        [
+            *PROBE,
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--model",
+            "m",
+            "--wait",
+            "60",
+            "--interval",
+            "0.5",
+            "--pid",
+            str(server.pid),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    server.wait()
+    assert r.returncode == 1 and f"server process {server.pid} exited" in r.stderr
+    assert time.monotonic() - start < 30  # not the 60 s wait
+
+
+def test_prereqs_name_what_is_missing(tmp_path: Path) -> None:
+    """ExecStartPre: model readable, caches writable, port free; each failure says what."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        conf = tmp_path / "probe.json"
+        conf.write_text(
+            json.dumps(
+                {
+                    "url": f"http://127.0.0.1:{port}",
+                    "served_model_name": "m",
+                    "prereqs": {
+                        "model_dir": str(tmp_path / "no-model"),
+                        "writable": [str(tmp_path / "cache" / "vllm")],
+                        "host": "127.0.0.1",
+                        "port": port,
+                        "gpus": 0,
+                    },
+                }
+            )
+        )
+        r = subprocess.run(
+            [*PROBE, "--config", str(conf), "--prereqs"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert r.returncode == 1
+    assert f"{tmp_path}/no-model/config.json missing" in r.stderr
+    assert f"port {port} already in use" in r.stderr
+    assert (tmp_path / "cache" / "vllm").is_dir() and "writable" in r.stdout
+    (tmp_path / "no-model").mkdir()
+    (tmp_path / "no-model" / "config.json").write_text("{}")
+    r = subprocess.run(
+        [*PROBE, "--config", str(conf), "--prereqs"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr

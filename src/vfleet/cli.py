@@ -18,6 +18,7 @@ from . import __version__
 from .benchmark.cli import add_parser as add_bench_parser
 from .compile import Launch, resolve
 from .config import HostVars
+from .doctor import add_parser as add_doctor_parser
 from .errors import VfleetError
 from .profiles import list_models, list_profiles, load_model, profiles_dir
 from .render import release_id, render_files, write_atomic
@@ -600,6 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.set_defaults(fn=cmd_dashboards)
 
     add_status_parser(sub)
+    add_doctor_parser(sub)
     add_bench_parser(sub)
     return p
 

@@ -247,6 +247,8 @@ class ServeSettings(Strict):
     language_model_only: bool | None = None
     purpose: Literal["serve", "bench"] | None = None
     shutdown_timeout_s: int | None = Field(None, ge=0)
+    # Seconds systemd/pm2 wait before restarting a dead server.
+    restart_sec: int | None = Field(None, ge=1, le=600)
     omp_num_threads: int | None = Field(None, ge=1)
     log_requests: bool | None = None
     # The metrics sidecar (vfleet-exporter) next to this instance.

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .compile import resolve
+from .compile import Launch, resolve
 from .config import HostVars
 from .monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
 from .render import (
+    context,
     local_host,
     pm2_name,
     probe_config,
@@ -21,6 +22,7 @@ from .render import (
     render_files,
     sidecar_pm2_name,
     sidecar_unit_name,
+    template_env,
     unit_name,
 )
 
@@ -31,6 +33,11 @@ def healthcheck_version() -> str:
 
     path = Path(__file__).resolve().parents[2] / "healthcheck" / "pyproject.toml"
     return str(tomllib.loads(path.read_text(encoding="utf-8"))["project"]["version"])
+
+
+def logrotate(launch: Launch) -> str:
+    """/etc/logrotate.d/vfleet for the host's log folder (one per base dir, all instances)."""
+    return template_env().get_template("logrotate.j2").render(context(launch))
 
 
 def plan(
@@ -92,7 +99,8 @@ def plan(
             "models": f"{h.base_dir}/models",
         },
         "model_dir": launch.model_dir,
-        "model_generator": launch.model.source.generator,
+        # A model_dir the operator set means "my weights": never generated over, only checked.
+        "model_generator": None if launch.settings.model_dir else launch.model.source.generator,
         "model_arch": launch.model.arch.model_dump(),
         "model_architecture": launch.model.arch.architecture,
         "files": [{"name": f.name, "content": f.content, "mode": f"{f.mode:04o}"} for f in files],
@@ -109,7 +117,16 @@ def plan(
             "unit_name": sidecar_unit_name(inst),
         },
         "monitoring": scrape_target(launch),
+        "logrotate": logrotate(launch),
         "warnings": [n.message for n in launch.notes if n.level == "warn"],
+        # What `vfleet doctor` checks a host against (src/vfleet/doctor.py).
+        "model_quantization": launch.model.quantization.method,
+        "model_unmodelled_weights_gib": launch.model.unmodelled_weights_gib,
+        "server_module": launch.server_module,
+        "log_file": h.log_file(inst),
+        "secret_env": [e.key for e in launch.env if e.secret],
+        "pm2": {"bin": f"{h.base_dir}/pm2/node_modules/.bin/pm2", "home": f"{h.base_dir}/pm2/home"},
+        "sets": sets,
     }
 
 

@@ -23,6 +23,7 @@ import yaml
 from . import __version__
 from .compile import Launch
 from .errors import VfleetError
+from .rules import CACHE_ENV
 from .warmup import warmup_plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -116,7 +117,7 @@ def context(launch: Launch) -> dict[str, Any]:
                 # A crash loop must stop: restarts within min_uptime count against max_restarts.
                 "min_uptime": f"{start_timeout}s",
                 "max_restarts": 5,
-                "restart_delay": 10000,
+                "restart_delay": launch.ctx.d["restart_sec"] * 1000,
                 "kill_timeout": stop_timeout * 1000,
                 "out_file": h.log_file(inst),
                 "error_file": h.log_file(inst),
@@ -160,7 +161,7 @@ def context(launch: Launch) -> dict[str, Any]:
             }
             for e in launch.env
         ],
-        "cache_dirs": [f"{cache}/vllm", f"{cache}/torchinductor", f"{cache}/triton"],
+        "cache_dirs": cache_dirs(launch),
         "instance_dir": instance_dir,
         "current_dir": current,
         "release_dir": current,
@@ -168,8 +169,14 @@ def context(launch: Launch) -> dict[str, Any]:
         "start_timeout_s": start_timeout,
         "stop_timeout_s": stop_timeout,
         "start_limit_interval_s": start_timeout * 3,
-        "start_limit_burst": 3,
-        "restart_sec": 10,
+        "start_limit_burst": launch.ctx.d["start_limit_burst"],
+        "restart_sec": launch.ctx.d["restart_sec"],
+        "home_dir": f"{instance_dir}/home",
+        "gpu": launch.profile.accelerator.kind == "cuda",
+        # ProtectSystem=strict: only these stay writable ('-': not an error if missing).
+        "writable_paths": [f"-{instance_dir}", f"-{cache}", f"-{h.base_dir}/logs"],
+        # A base dir under /home or /root (a non-root deploy) must stay reachable.
+        "protect_home": "read-only" if _under_home(h.base_dir) else "yes",
         "probe_command": probe,
         "sidecar_command": " ".join(sidecar_argv),
         "sidecar_log_file": h.sidecar_log_file(inst),
@@ -179,19 +186,39 @@ def context(launch: Launch) -> dict[str, Any]:
     }
 
 
+def _under_home(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in ("/home", "/root", "/run/user"))
+
+
 def local_host(launch: Launch) -> str:
     """The address a client on the same host uses for what listens on listen_host."""
     host = launch.listen_host
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
+def cache_dirs(launch: Launch) -> list[str]:
+    """The compile cache folders the rules chose (created before start, kept across restarts)."""
+    return [str(e.value) for e in launch.env if e.key in CACHE_ENV]
+
+
 def probe_config(launch: Launch) -> dict[str, Any]:
+    inst_dir = launch.host.instance_dir(launch.instance)
     return {
         "url": f"http://{local_host(launch)}:{launch.port}",
         "served_model_name": launch.served_model_name,
         "env_file": f"{launch.host.instance_dir(launch.instance)}/current/vllm.env",
         "state_dir": f"{launch.host.instance_dir(launch.instance)}/state",
         "serving_timeout_s": 60,
+        # Checked by `vfleet-probe --prereqs` before vLLM starts (systemd ExecStartPre).
+        "prereqs": {
+            "model_dir": launch.model_dir,
+            "writable": [*cache_dirs(launch), f"{inst_dir}/home", f"{inst_dir}/state"],
+            "host": local_host(launch),
+            "port": launch.port,
+            "gpus": launch.profile.accelerator.count,
+            # More than this used on a GPU before start: a previous server still holds it.
+            "gpu_free_mib": 1024,
+        },
         "warmup": warmup_plan(launch),
     }
 

@@ -419,13 +419,20 @@ def _threads(c: Ctx) -> None:
         )
 
 
+# Compile caches: env var -> folder under the instance's cache dir.
+CACHE_ENV = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",
+}
+
+
 @rule("caches", SEED_TURBO3 + "; " + COMMUNITY, "per-instance compile caches that survive restarts")
 def _caches(c: Ctx) -> None:
     base = c.host.cache_dir(c.instance)
     why = "kept across restarts so the next start does not recompile for minutes; per instance"
-    c.setenv("VLLM_CACHE_ROOT", f"{base}/vllm", why)
-    c.setenv("TORCHINDUCTOR_CACHE_DIR", f"{base}/torchinductor", why)
-    c.setenv("TRITON_CACHE_DIR", f"{base}/triton", why)
+    for key, sub in CACHE_ENV.items():
+        c.setenv(key, f"{base}/{sub}", why)
     if not c.is_cpu:
         c.setenv(
             "TRITON_CACHE_AUTOTUNING", "1", "reuse autotuning results across restarts", SEED_TURBO3
@@ -829,6 +836,16 @@ def _drain(c: Ctx) -> None:
         "SIGTERM waits this long for in-flight requests instead of "
         "failing them with HTTP 500 (the default is 0)",
     )
+
+
+@rule(
+    "restart-policy",
+    "docs/field-notes.md (the API server exits 0 when its engine dies; crash loop 23 restarts/min)",
+    "restart on any exit, but stop a crash loop with a start limit",
+)
+def _restart_policy(c: Ctx) -> None:
+    c.d["restart_sec"] = c.s.restart_sec if c.s.restart_sec is not None else 10
+    c.d["start_limit_burst"] = 3
 
 
 # =========================================================================== overrides

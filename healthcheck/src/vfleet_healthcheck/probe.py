@@ -12,6 +12,8 @@ import argparse
 import json
 import os
 import re
+import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -243,6 +245,90 @@ def load_target(a: argparse.Namespace) -> Target:
     )
 
 
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _gpu_memory_used_mib(visible: str | None) -> dict[str, int]:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    used = {i.strip(): int(m) for i, m in (line.split(",") for line in out.strip().splitlines())}
+    if visible:
+        wanted = [v.strip() for v in visible.split(",")]
+        return {i: m for i, m in used.items() if i in wanted}
+    return used
+
+
+def check_prereqs(conf: dict[str, Any]) -> list[tuple[bool, str]]:
+    """What must hold before vLLM starts (systemd ExecStartPre): each (ok, detail with fix)."""
+    pre = conf.get("prereqs") or {}
+    results: list[tuple[bool, str]] = []
+    model_dir = Path(pre.get("model_dir", ""))
+    cfg = model_dir / "config.json"
+    readable = os.access(cfg, os.R_OK)
+    results.append(
+        (True, f"model {cfg} readable")
+        if readable
+        else (False, f"model {cfg} missing or unreadable: put the weights there or fix model_dir")
+    )
+    for d in pre.get("writable", []):
+        try:
+            Path(d).mkdir(parents=True, exist_ok=True)
+            ok = os.access(d, os.W_OK)
+        except OSError:
+            ok = False
+        results.append((ok, f"{d} writable" if ok else f"{d} not writable: fix its owner/mode"))
+    host, port = pre.get("host", "127.0.0.1"), pre.get("port")
+    if port:
+        busy = _port_in_use(host, int(port))
+        results.append(
+            (False, f"port {port} already in use: stop what listens there or change port")
+            if busy
+            else (True, f"port {port} free")
+        )
+    if pre.get("gpus"):
+        env = read_env_file(Path(conf["env_file"])) if conf.get("env_file") else {}
+        limit = int(pre.get("gpu_free_mib", 1024))
+        try:
+            used = _gpu_memory_used_mib(env.get("CUDA_VISIBLE_DEVICES"))
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            results.append((False, f"nvidia-smi failed ({exc}): check the driver"))
+        else:
+            held = {i: m for i, m in used.items() if m > limit}
+            results.append(
+                (
+                    False,
+                    f"GPU memory still held (MiB by GPU {held}): a previous vLLM or its "
+                    "TP workers survive; find them with nvidia-smi and stop them",
+                )
+                if held
+                else (True, f"GPU memory free on {sorted(used)}")
+            )
+    return results
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone: it only waits to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except OSError:
+        return True
+    return "\nState:\tZ" not in status
+
+
 def _usage_error(msg: str) -> int:
     print(f"vfleet-probe: error: {msg}", file=sys.stderr)
     return 2
@@ -279,9 +365,28 @@ def main(argv: list[str] | None = None) -> int:
         help="retry until the tiers pass or SECONDS have passed",
     )
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between retries")
+    ap.add_argument(
+        "--pid",
+        type=int,
+        help="stop waiting as soon as this process (the server) exits: systemd's $MAINPID in "
+        "ExecStartPost, so a crash at start fails the start at once, not at the timeout",
+    )
     ap.add_argument("--timeout", type=float, help="per-request timeout in seconds")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument(
+        "--prereqs",
+        action="store_true",
+        help="check what must hold before vLLM starts (model readable, caches writable, port "
+        "free, GPU memory free) and exit; needs --config",
+    )
     a = ap.parse_args(argv)
+    if a.prereqs:
+        if not a.config:
+            return _usage_error("--prereqs needs --config probe.json")
+        checks = check_prereqs(json.loads(Path(a.config).read_text(encoding="utf-8")))
+        for ok, detail in checks:
+            print(f"{'ok' if ok else 'FAIL':<5} {detail}", file=sys.stdout if ok else sys.stderr)
+        return 0 if all(ok for ok, _ in checks) else 1
     t = load_target(a)
     upto = "warm" if a.warmup else a.tier
     deadline = time.monotonic() + a.wait
@@ -303,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
                 results["warm"] = _timed(check_warm, t)
                 ok = results["warm"].ok
         if ok or time.monotonic() >= deadline:
+            break
+        if a.pid is not None and not process_alive(a.pid):
+            results.setdefault("live", TierResult(False, f"server process {a.pid} exited", 0))
+            print(f"server process {a.pid} exited: not waiting any longer", file=sys.stderr)
             break
         if not a.json:
             failed = next((f"{k}: {r.detail}" for k, r in results.items() if not r.ok), "")

@@ -1,0 +1,36 @@
+"""Lookup plugin: vfleet doctor's host checks for the deploy's preflight.
+
+`lookup('vfleet_doctor', plan=vfleet_plan)` returns the host-side script's path and its request
+(the role runs it with `ansible.builtin.script`); `lookup('vfleet_doctor', plan=..., facts=...)`
+judges the facts it printed, with the same code as `vfleet doctor HOST`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from ansible.errors import AnsibleError
+
+from ansible.plugins.lookup import LookupBase
+
+DOCUMENTATION = r"""
+name: vfleet_doctor
+short_description: vfleet doctor's request, or its preflight findings, on the controller
+options:
+  plan: {description: the vfleet_plan of the instance, required: true}
+  facts: {description: what hostfacts.py printed on the host; omit to get the request}
+"""
+
+
+class LookupModule(LookupBase):
+    def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[Any]:
+        try:
+            from vfleet.doctor import preflight, request
+            from vfleet.remote import HOSTFACTS
+        except ImportError as exc:
+            raise AnsibleError(f"vfleet is not importable by Ansible's Python ({exc})") from None
+        plan = kwargs["plan"]
+        if kwargs.get("facts") is None:
+            return [{"script": str(HOSTFACTS), "request": request(plan)}]
+        return [[asdict(f) for f in preflight(plan, kwargs["facts"])]]

@@ -1,0 +1,250 @@
+"""Real systemd test hosts: a debootstrap root booted with systemd-nspawn, reached over SSH.
+
+The root is built once and cached (`.cache/nspawn/`); each host is a copy with its own sshd
+port on 127.0.0.1 (the hosts share this machine's network, so every port a test uses is
+distinct) and its own host keys. The Debian mirror is read from this machine's apt sources,
+never written into the project. See docs/field-notes.md ("Real hosts and process managers").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache" / "nspawn"
+SUITE = "bookworm"
+# What the CPU profile needs on a host (profiles/hardware/cpu.yaml os_packages), plus sshd,
+# systemd and Python for Ansible. npm (for pm2 hosts) goes in with apt inside the root:
+# debootstrap cannot order its dependencies.
+PACKAGES = [
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-venv",
+    "python3-dev",
+    "libnuma1",
+    "g++",
+    "procps",
+    "iproute2",
+]
+APT_PACKAGES = ["nodejs", "npm"]
+
+
+def debian_mirror() -> str:
+    """The first Debian mirror this machine's apt uses (deb822 or one-line format)."""
+    sources = sorted(Path("/etc/apt").glob("sources.list.d/*.sources"))
+    for path in sources:
+        m = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", path.read_text(), re.M)
+        if m:
+            return m.group(1)
+    for path in [Path("/etc/apt/sources.list"), *Path("/etc/apt").glob("sources.list.d/*.list")]:
+        if path.exists():
+            m = re.search(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s+\S+", path.read_text(), re.M)
+            if m:
+                return m.group(1)
+    raise RuntimeError("no Debian mirror found in /etc/apt sources")
+
+
+def base_root(log: Path, npm_seed: list[str]) -> Path:
+    """The cached root (built on first use: debootstrap ~100 s, npm ~25 s).
+
+    `npm_seed` packages are installed once with the root's own npm (through this machine's
+    network and CA bundle, which is not kept), which leaves them in root's npm cache: hosts
+    then install them with `npm install --offline`, needing no network or CA inside.
+    """
+    parts = [SUITE, *PACKAGES, *APT_PACKAGES, *npm_seed]
+    key = hashlib.sha256(" ".join(parts).encode()).hexdigest()[:10]
+    root = CACHE / f"{SUITE}-{key}"
+    if (root / ".done").exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as out:
+        subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(root),
+                debian_mirror(),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+        subprocess.run(
+            [
+                "chroot",
+                str(root),
+                "apt-get",
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                *APT_PACKAGES,
+            ],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+        subprocess.run(["chroot", str(root), "apt-get", "clean"], check=True)
+        ca = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
+        shutil.copy(ca, root / "tmp/ca.crt")
+        for spec in npm_seed:
+            subprocess.run(
+                [
+                    "chroot",
+                    str(root),
+                    "npm",
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--prefix",
+                    "/tmp/npm-seed",
+                    spec,
+                ],
+                env={
+                    "PATH": "/usr/bin:/bin",
+                    "HOME": "/root",
+                    "NODE_EXTRA_CA_CERTS": "/tmp/ca.crt",
+                },
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                check=True,
+            )
+        shutil.rmtree(root / "tmp/npm-seed", ignore_errors=True)
+        (root / "tmp/ca.crt").unlink()
+    (root / ".done").touch()
+    return root
+
+
+@dataclass
+class Host:
+    """One booted test host. Everything inside runs as root, as on a fresh server."""
+
+    name: str
+    root: Path
+    ssh_port: int
+    key: Path
+    binds: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def ssh_argv(self, *cmd: str) -> list[str]:
+        return [
+            "ssh",
+            "-p",
+            str(self.ssh_port),
+            "-i",
+            str(self.key),
+            *SSH_OPTIONS,
+            "root@127.0.0.1",
+            *cmd,
+        ]
+
+    def run(
+        self, cmd: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a shell command inside the host over SSH."""
+        proc = subprocess.run(
+            self.ssh_argv(cmd), capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{self.name}: `{cmd}` exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    def boot(self, log: Path, timeout: float = 90) -> None:
+        argv = [
+            "systemd-nspawn",
+            "-D",
+            str(self.root),
+            "-b",
+            "--register=no",
+            "--keep-unit",
+            "--console=passive",
+            "-M",
+            self.name,
+            *[f"--bind-ro={b}" for b in self.binds],
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: systemd-nspawn exited {self.proc.returncode}")
+            with socket.socket() as s:
+                s.settimeout(1)
+                listening = s.connect_ex(("127.0.0.1", self.ssh_port)) == 0
+            if listening and self.run("true", check=False, timeout=10).returncode == 0:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"{self.name}: no SSH on port {self.ssh_port} after {timeout} s")
+
+    def shutdown(self, timeout: float = 30) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        # systemd-nspawn turns SIGTERM into an orderly poweroff of the container.
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+SSH_OPTIONS = [
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "ConnectTimeout=5",
+]
+
+
+def make_host(
+    base: Path, where: Path, name: str, ssh_port: int, key: Path, binds: list[str]
+) -> Host:
+    """Copy the cached root, give it a name, an sshd port, our key and fresh host keys."""
+    root = where / name
+    subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(root)], check=True)
+    (root / "etc/hostname").write_text(name + "\n")
+    conf = root / "etc/ssh/sshd_config.d/vfleet-test.conf"
+    conf.write_text(
+        f"Port {ssh_port}\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\n"
+    )
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    auth = ssh_dir / "authorized_keys"
+    auth.write_text(Path(str(key) + ".pub").read_text())
+    auth.chmod(0o600)
+    for old in (root / "etc/ssh").glob("ssh_host_*"):
+        old.unlink()
+    subprocess.run(["ssh-keygen", "-A", "-f", str(root)], check=True, capture_output=True)
+    return Host(name, root, ssh_port, key, binds)
+
+
+def make_key(where: Path) -> Path:
+    key = where / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key

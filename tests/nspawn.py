@@ -195,10 +195,12 @@ class Host:
             time.sleep(1)
         raise RuntimeError(f"{self.name}: no SSH on port {self.ssh_port} after {timeout} s")
 
-    def shutdown(self, timeout: float = 30) -> None:
+    def shutdown(self, timeout: float = 5) -> None:
+        """Power off; a test host need not drain its vLLM, so SIGKILL follows soon."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        # systemd-nspawn turns SIGTERM into an orderly poweroff of the container.
+        # systemd-nspawn turns SIGTERM into an orderly poweroff of the container; SIGKILL
+        # ends its PID namespace and every process in it.
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout)

@@ -249,6 +249,8 @@ class ServeSettings(Strict):
     shutdown_timeout_s: int | None = Field(None, ge=0)
     # Seconds systemd/pm2 wait before restarting a dead server.
     restart_sec: int | None = Field(None, ge=1, le=600)
+    # Starts allowed within 3x the start timeout before systemd stops a crash loop.
+    start_limit_burst: int | None = Field(None, ge=1, le=20)
     omp_num_threads: int | None = Field(None, ge=1)
     log_requests: bool | None = None
     # The metrics sidecar (vfleet-exporter) next to this instance.

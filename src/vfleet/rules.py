@@ -845,7 +845,7 @@ def _drain(c: Ctx) -> None:
 )
 def _restart_policy(c: Ctx) -> None:
     c.d["restart_sec"] = c.s.restart_sec if c.s.restart_sec is not None else 10
-    c.d["start_limit_burst"] = 3
+    c.d["start_limit_burst"] = c.s.start_limit_burst or 3
 
 
 # =========================================================================== overrides

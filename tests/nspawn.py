@@ -39,6 +39,15 @@ PACKAGES = [
     "iproute2",
 ]
 APT_PACKAGES = ["nodejs", "npm"]
+# PATH inside the root. Ours may lack the sbin folders (a non-login root shell), where
+# debootstrap and chroot live.
+ROOT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+SBIN_PATH = f"/usr/local/sbin:/usr/sbin:/sbin:{os.environ.get('PATH', '')}"
+CHROOT = shutil.which("chroot", path=SBIN_PATH) or "/usr/sbin/chroot"
+
+
+def which(tool: str) -> str | None:
+    return shutil.which(tool, path=SBIN_PATH)
 
 
 def debian_mirror() -> str:
@@ -73,20 +82,21 @@ def base_root(log: Path, npm_seed: list[str]) -> Path:
     with log.open("a") as out:
         subprocess.run(
             [
-                "debootstrap",
+                which("debootstrap") or "debootstrap",
                 "--variant=minbase",
                 f"--include={','.join(PACKAGES)}",
                 SUITE,
                 str(root),
                 debian_mirror(),
             ],
+            env=dict(os.environ, PATH=SBIN_PATH),
             stdout=out,
             stderr=subprocess.STDOUT,
             check=True,
         )
         subprocess.run(
             [
-                "chroot",
+                CHROOT,
                 str(root),
                 "apt-get",
                 "install",
@@ -95,18 +105,18 @@ def base_root(log: Path, npm_seed: list[str]) -> Path:
                 "--no-install-recommends",
                 *APT_PACKAGES,
             ],
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"},
+            env={"PATH": ROOT_PATH, "DEBIAN_FRONTEND": "noninteractive"},
             stdout=out,
             stderr=subprocess.STDOUT,
             check=True,
         )
-        subprocess.run(["chroot", str(root), "apt-get", "clean"], check=True)
+        subprocess.run([CHROOT, str(root), "apt-get", "clean"], check=True)
         ca = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
         shutil.copy(ca, root / "tmp/ca.crt")
         for spec in npm_seed:
             subprocess.run(
                 [
-                    "chroot",
+                    CHROOT,
                     str(root),
                     "npm",
                     "install",
@@ -117,7 +127,7 @@ def base_root(log: Path, npm_seed: list[str]) -> Path:
                     spec,
                 ],
                 env={
-                    "PATH": "/usr/bin:/bin",
+                    "PATH": ROOT_PATH,
                     "HOME": "/root",
                     "NODE_EXTRA_CA_CERTS": "/tmp/ca.crt",
                 },

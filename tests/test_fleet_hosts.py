@@ -63,7 +63,7 @@ class Fleet:
 
 def _tools_ok() -> str | None:
     for tool in ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen", "npm"):
-        if shutil.which(tool) is None:
+        if nspawn.which(tool) is None:
             return f"{tool} not installed (make deps installs it)"
     if os.geteuid() != 0:
         return "systemd-nspawn test hosts need root"

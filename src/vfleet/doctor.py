@@ -1178,7 +1178,9 @@ def findings_from(plan: dict[str, Any], facts: dict[str, Any], drift: bool = Tru
 _drift = drift  # findings_from's `drift` flag shadows the function inside it
 
 # What a deploy is there to change: a failed or duplicated service, a server not answering.
-RUNTIME_CHECKS = {"service", "copies", "http"}
+# Ports too: the role's own preflight tells this instance's listener from a stranger's
+# (pm2 or systemd state), which the doctor's process matching missed on a pm2 redeploy in CI.
+RUNTIME_CHECKS = {"service", "copies", "http", "port", "sidecar-port"}
 
 
 def preflight(plan: dict[str, Any], facts: dict[str, Any]) -> list[Finding]:

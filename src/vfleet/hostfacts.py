@@ -506,20 +506,23 @@ def systemd_facts(unit: str, timeout: float) -> dict[str, str]:
     return facts
 
 
-def _pm2_daemon_alive(home: str) -> bool:
+def _pm2_daemon_alive(home: str, table: dict[int, dict[str, Any]]) -> bool:
+    """pm2.pid names the daemon, but a daemon can outlive its pid file (seen in CI after two
+    pm2 commands raced on one PM2_HOME): its process title names the home too."""
     try:
         pid = int(read_text(Path(home) / "pm2.pid").strip())
         os.kill(pid, 0)
+        return True
     except (OSError, ValueError):
-        return False
-    return True
+        title = f"God Daemon ({os.path.normpath(home)})"
+        return any(info["argv"] and title in info["argv"][0] for info in table.values())
 
 
-def pm2_facts(p: Pm2Request, timeout: float) -> dict[str, Any]:
+def pm2_facts(p: Pm2Request, timeout: float, table: dict[int, dict[str, Any]]) -> dict[str, Any]:
     if not os.access(p["bin"], os.X_OK):
         raise GatherError(f"pm2 not installed at {p['bin']}")
     # `pm2 jlist` would start a daemon; the doctor looks, it does not start anything.
-    if not _pm2_daemon_alive(p["home"]):
+    if not _pm2_daemon_alive(p["home"], table):
         return {"daemon": False, "app": None}
     out = run([p["bin"], "jlist"], timeout, env=dict(os.environ, PM2_HOME=p["home"]))
     apps: list[dict[str, Any]] = []
@@ -738,7 +741,7 @@ def gather(req: Request) -> dict[str, Any]:
         "instance": instance,
         "sidecar": procs.get("sidecar"),
         "systemd": attempt("systemd", lambda: systemd_facts(req["unit"], timeout), errors),
-        "pm2": attempt("pm2", lambda: pm2_facts(pm2, timeout), errors) if pm2 else None,
+        "pm2": attempt("pm2", lambda: pm2_facts(pm2, timeout, table), errors) if pm2 else None,
         # No log file yet (never started) is a fact, not a failure to gather one.
         "log_tail": attempt("log", lambda: log_tail(req["log_file"]), errors)
         if os.path.exists(req["log_file"])

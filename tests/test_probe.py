@@ -15,6 +15,13 @@ from vfleet_healthcheck.probe import read_env_file
 PROBE = [sys.executable, "-m", "vfleet_healthcheck.probe"]
 
 
+def probe(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the real probe CLI in a subprocess."""
+    return subprocess.run(
+        [*PROBE, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -23,13 +30,7 @@ def closed_port() -> int:
 
 def test_nothing_listening_fails_live_and_skips_later_tiers() -> None:
     port = closed_port()
-    r = subprocess.run(
-        [*PROBE, "--url", f"http://127.0.0.1:{port}", "--model", "m", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    r = probe("--url", f"http://127.0.0.1:{port}", "--model", "m", "--json")
     assert r.returncode == 1
     report = json.loads(r.stdout)
     assert report["ok"] is False and list(report["tiers"]) == ["live"]
@@ -40,35 +41,19 @@ def test_nothing_listening_fails_live_and_skips_later_tiers() -> None:
 
 def test_wait_gives_up_after_its_deadline() -> None:
     port = closed_port()
-    r = subprocess.run(
-        [
-            *PROBE,
-            "--url",
-            f"http://127.0.0.1:{port}",
-            "--model",
-            "m",
-            "--wait",
-            "2",
-            "--interval",
-            "0.5",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+    r = probe(
+        "--url", f"http://127.0.0.1:{port}", "--model", "m", "--wait", "2", "--interval", "0.5"
     )
     assert r.returncode == 1
     assert "waiting for" in r.stderr and "live     FAIL" in r.stdout
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
-    r = subprocess.run([*PROBE], capture_output=True, text=True, timeout=30, check=False)
+    r = probe()
     assert r.returncode == 2 and "need --url and --model" in r.stderr
     bad = tmp_path / "probe.json"
     bad.write_text("{not json")
-    r = subprocess.run(
-        [*PROBE, "--config", str(bad)], capture_output=True, text=True, timeout=30, check=False
-    )
+    r = probe("--config", str(bad))
     assert r.returncode == 2 and str(bad) in r.stderr
 
 
@@ -83,24 +68,17 @@ def test_wait_stops_when_the_server_process_exits() -> None:
     port = closed_port()
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
     start = time.monotonic()
-    r = subprocess.run(
-        [
-            *PROBE,
-            "--url",
-            f"http://127.0.0.1:{port}",
-            "--model",
-            "m",
-            "--wait",
-            "60",
-            "--interval",
-            "0.5",
-            "--pid",
-            str(server.pid),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    r = probe(
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        "m",
+        "--wait",
+        "60",
+        "--interval",
+        "0.5",
+        "--pid",
+        str(server.pid),
     )
     server.wait()
     assert r.returncode == 1 and f"server process {server.pid} exited" in r.stderr
@@ -129,24 +107,12 @@ def test_prereqs_name_what_is_missing(tmp_path: Path) -> None:
                 }
             )
         )
-        r = subprocess.run(
-            [*PROBE, "--config", str(conf), "--prereqs"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        r = probe("--config", str(conf), "--prereqs")
     assert r.returncode == 1
     assert f"{tmp_path}/no-model/config.json missing" in r.stderr
     assert f"port {port} already in use" in r.stderr
     assert (tmp_path / "cache" / "vllm").is_dir() and "writable" in r.stdout
     (tmp_path / "no-model").mkdir()
     (tmp_path / "no-model" / "config.json").write_text("{}")
-    r = subprocess.run(
-        [*PROBE, "--config", str(conf), "--prereqs"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    r = probe("--config", str(conf), "--prereqs")
     assert r.returncode == 0, r.stderr

@@ -25,6 +25,9 @@ TOOLS := .cache
 # The probe wheel; its version is set only in healthcheck/pyproject.toml.
 HC_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' healthcheck/pyproject.toml)
 WHEEL := build/wheels/vfleet_healthcheck-$(HC_VERSION)-py3-none-any.whl
+# The SM75 plugin wheel (plugin/README.md); its version is set only in plugin/pyproject.toml.
+SM75_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' plugin/pyproject.toml)
+SM75_WHEEL := build/wheels/vfleet_sm75-$(SM75_VERSION)-py3-none-any.whl
 # Reproducible wheel bytes, so a redeploy copies nothing.
 export SOURCE_DATE_EPOCH := 1767225600
 export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg
@@ -44,10 +47,10 @@ help: ## show this help
 	@echo "vfleet make targets (variables: HOST=$(HOST) PROFILE=$(PROFILE) MODEL=$(MODEL) INSTANCE=$(INSTANCE) BASE_DIR=$(BASE_DIR) PROMETHEUS=$(PROMETHEUS))"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(BIN)/vfleet: pyproject.toml healthcheck/pyproject.toml
+$(BIN)/vfleet: pyproject.toml healthcheck/pyproject.toml plugin/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]' -e ./healthcheck
+	$(BIN)/pip install -q -e '.[dev]' -e ./healthcheck -e ./plugin
 	@touch $@
 
 .PHONY: venv
@@ -58,8 +61,13 @@ $(WHEEL): healthcheck/pyproject.toml $(wildcard healthcheck/src/vfleet_healthche
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w build/wheels ./healthcheck
 	rm -rf healthcheck/build healthcheck/src/*.egg-info
 
+$(SM75_WHEEL): plugin/pyproject.toml plugin/README.md $(wildcard plugin/src/vfleet_sm75/*.py) | $(BIN)/vfleet
+	rm -rf plugin/build
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w build/wheels ./plugin
+	rm -rf plugin/build plugin/src/*.egg-info
+
 .PHONY: wheels
-wheels: $(WHEEL) ## build the host-side wheel (probe + metrics sidecar)
+wheels: $(WHEEL) $(SM75_WHEEL) ## build the host-side wheels (probe + metrics sidecar; SM75 plugin)
 
 .PHONY: deploy
 deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine)
@@ -131,9 +139,9 @@ deps: ## install the Debian packages the tests need (as root; checks only otherw
 
 .PHONY: lint
 lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, generated files up to date
-	$(BIN)/ruff check src healthcheck tests ansible/plugins bench
-	$(BIN)/ruff format --check src healthcheck tests ansible/plugins bench
-	$(BIN)/mypy src healthcheck/src
+	$(BIN)/ruff check src healthcheck plugin tests ansible/plugins bench
+	$(BIN)/ruff format --check src healthcheck plugin tests ansible/plugins bench
+	$(BIN)/mypy src healthcheck/src plugin/src
 	$(BIN)/yamllint -s .
 	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml roles/vfleet roles/vfleet_prometheus
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml

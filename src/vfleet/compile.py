@@ -37,6 +37,8 @@ class Launch:
     # What speed is normal here (profiles/baselines/), if anyone measured it.
     baseline: Baseline | None = None
     baseline_file: str | None = None
+    # The SM75 plugin's draft vocabulary (JSON text), when the stack carries the plugin.
+    draft_vocab: str | None = None
 
     @property
     def stack(self) -> Stack:
@@ -134,6 +136,9 @@ def resolve(
     host = host or HostVars()
     ctx = apply(hw, preset, stack_name, settings, host, strict_memory=strict_memory)
     found = find_baseline(hw.name, preset.name, stack_name, root)
+    draft_vocab = None
+    if preset.draft_vocab and hw.stacks[stack_name].plugin:
+        draft_vocab = read_draft_vocab(root / "models" / preset.draft_vocab, preset)
     return Launch(
         hw,
         preset,
@@ -144,4 +149,34 @@ def resolve(
         ctx,
         baseline=found[1] if found else None,
         baseline_file=str(found[0]) if found else None,
+        draft_vocab=draft_vocab,
     )
+
+
+def read_draft_vocab(path: Path, preset: ModelPreset) -> str:
+    """The table's text, checked by the plugin's own reader and against the preset's vocabulary."""
+    where = f"{path.parent}/{preset.name}.yaml"
+    try:
+        from vfleet_sm75 import draft_vocab  # the plugin package: one definition of the format
+    except ImportError:
+        raise VfleetError(
+            "the vfleet-sm75 package (plugin/) is not installed beside vfleet",
+            where=where,
+            key="draft_vocab",
+            fix="make venv (installs ./plugin), or pip install -e ./plugin",
+        ) from None
+    try:
+        table = draft_vocab.load(path)
+    except draft_vocab.TableError as exc:
+        raise VfleetError(
+            str(exc), where=where, key="draft_vocab", fix="rebuild it: vfleet-sm75 vocab build"
+        ) from None
+    if table.vocab_size != preset.arch.vocab_size:
+        raise VfleetError(
+            f"{path.name} is for a vocabulary of {table.vocab_size}, the model has "
+            f"{preset.arch.vocab_size}",
+            where=where,
+            key="draft_vocab",
+            fix="build the table with this model's tokenizer (vfleet-sm75 vocab build)",
+        )
+    return path.read_text(encoding="utf-8")

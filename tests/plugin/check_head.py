@@ -63,7 +63,10 @@ def _rank(rank: int, seed: int, port: int, out: str) -> None:
         dist.all_gather(parts, t.contiguous())
         return torch.cat(parts, dim=-1)
 
-    w, i = build_share(local, start, end, ids.tolist(), rank, 2, all_reduce, chunk_rows=64)
+    share = torch.empty(K // 2, H)  # allocated before the collectives, as draft_prune.attach does
+    w, i = build_share(
+        local, start, end, ids.tolist(), rank, 2, all_reduce, chunk_rows=64, out=share
+    )
     got = PrunedHead(w, i, 2, all_gather).top_tokens(hidden).tolist()
     result = {
         "rank": rank,

@@ -14,10 +14,13 @@ from .verified import HOOKS, VERIFIED
 
 EPILOG = f"""\
 environment:
-  {settings.ENV}=off|auto|<features>   off (default) = as if not installed; auto = every
-      feature whose conditions hold; or a comma list of: {", ".join(settings.FEATURES)}
-  {settings.ENV_TABLE}=FILE     the draft vocabulary table (vocab build)
-  {settings.ENV_TOP_K}=K             use only the K most frequent ids of the table
+  {settings.ENV}=off|auto|<features>
+      off (default): as if not installed; auto: every feature whose conditions hold;
+      or a comma list of: {", ".join(settings.FEATURES)}
+  {settings.ENV_TABLE}=FILE
+      the draft vocabulary table (vfleet-sm75 vocab build)
+  {settings.ENV_TOP_K}=K
+      use only the K most frequent ids of the table (default: all)
 
 examples:
   VFLEET_SM75=auto VFLEET_SM75_DRAFT_VOCAB=vocab.json vfleet-sm75 doctor
@@ -43,6 +46,13 @@ def _model_check(model_dir: Path, table: draft_vocab.DraftVocab | None) -> list[
         problems.append(
             f"{model_dir}: vocab_size {vocab}, but the table is for {table.vocab_size} "
             "(build the table with this model's tokenizer)"
+        )
+    tokenizer = model_dir / "tokenizer.json"
+    built_with = table.tokenizer_sha256 if table is not None else ""
+    if built_with and tokenizer.is_file() and draft_vocab.file_sha256(tokenizer) != built_with:
+        problems.append(
+            f"{tokenizer}: not the tokenizer the table was built with (sha256 differs): "
+            "the ids may mean other tokens; rebuild the table with this model's tokenizer"
         )
     return problems
 
@@ -184,8 +194,8 @@ def parser() -> argparse.ArgumentParser:
         "build",
         help="count token frequencies over a corpus and keep the K most frequent",
         description="Build a draft vocabulary table with the model's tokenizer. Mix the languages "
-        "and tasks the model answers in: an English-only table covered 80.7%% of Chinese answers "
-        "and erased the speed-up; a mixed one covered 98.7%% (seed 000).",
+        "and tasks the model answers in: an English-only table covered 80.7% of Chinese answers "
+        "and erased the speed-up; a mixed one covered 98.7% (seed 000).",
     )
     b.add_argument(
         "--tokenizer", required=True, metavar="DIR", help="model dir with tokenizer.json"

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import draft_vocab, fingerprints, settings
 from .flashinfer_fix import FlashInferFacts, flashinfer_facts
-from .verified import HOOKS, VERIFIED
+from .verified import HOOKS, V2_RUNNER_DEFAULT, VERIFIED
 
 
 @dataclass
@@ -33,6 +33,8 @@ class Facts:
     table_path: str | None
     table: draft_vocab.DraftVocab | None
     table_error: str | None
+    # vLLM settings the features depend on (VLLM_USE_V2_MODEL_RUNNER, VLLM_USE_FLASHINFER_SAMPLER)
+    vllm_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +114,7 @@ def facts(environ: Mapping[str, str] | None = None, probe_device: bool = True) -
         table_path,
         table,
         table_error,
+        {k: env[k] for k in (V2_RUNNER, FI_SAMPLER) if k in env},
     )
 
 
@@ -130,8 +133,27 @@ def _version_reason(feature: str, f: Facts) -> str | None:
     return None
 
 
+V2_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
+FI_SAMPLER = "VLLM_USE_FLASHINFER_SAMPLER"
+
+
+def _env_bool(value: str | None) -> bool | None:
+    """vLLM's reading of a boolean env var: unset -> None."""
+    if value is None:
+        return None
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 def _draft_prune(f: Facts) -> Decision:
     name = "draft-prune"
+    v2 = _env_bool(f.vllm_env.get(V2_RUNNER))
+    if v2 or (v2 is None and f.platform == "cuda" and f.vllm_version in V2_RUNNER_DEFAULT):
+        return Decision(
+            name,
+            False,
+            f"vLLM {f.vllm_version} drafts through Model Runner V2 here, which does not use the "
+            f"hooked proposer: set {V2_RUNNER}=0 to keep the V1 runner",
+        )
     if f.table_error:
         return Decision(name, False, f.table_error)
     if f.table is None:
@@ -162,6 +184,13 @@ def _flashinfer_sm75(f: Facts) -> Decision:
     if f.capability != (7, 5):
         cap = ".".join(map(str, f.capability)) if f.capability else "unknown"
         return Decision(name, False, f"device is compute capability {cap}, not 7.5")
+    if _env_bool(f.vllm_env.get(FI_SAMPLER)) is not False:
+        return Decision(
+            name,
+            False,
+            f"set {FI_SAMPLER}=0: vLLM's FlashInfer sampler asks the same capability check, and it "
+            "crashes on SM75 (seeds/README.md)",
+        )
     fi = f.flashinfer
     detail = asdict(fi)
     if fi.version is None:

@@ -17,8 +17,10 @@ from typing import Any
 
 from . import draft_vocab
 from .log import log
+from .settings import ENV_TABLE
 
 _TABLE: draft_vocab.DraftVocab | None = None
+_TABLE_PATH = ""
 _PLAIN_HEAD = "return self.logits_processor(self.lm_head, hidden_states)"
 
 
@@ -45,8 +47,6 @@ def why_not(proposer: Any, table: draft_vocab.DraftVocab) -> str | None:
     method = getattr(spec, "method", None)
     if method != "mtp":
         return f"speculative method is {method!r}, not 'mtp'"
-    if getattr(spec, "speculative_token_tree", None) or getattr(proposer, "tree_choices", None):
-        return "tree drafting (speculative_token_tree) is not supported"
     if getattr(proposer, "use_heterogeneous_vocab", False):
         return "use_heterogeneous_vocab maps drafts itself"
     model = getattr(proposer, "model", None)
@@ -60,14 +60,26 @@ def why_not(proposer: Any, table: draft_vocab.DraftVocab) -> str | None:
         return "the LM head is quantised"
     if getattr(lm_head, "bias", None) is not None:
         return "the LM head has a bias"
-    if getattr(lp, "logits_as_input", False) or not float(getattr(lp, "scale", 1.0)) > 0:
+    if getattr(lp, "logits_as_input", False):
+        return "the logits processor takes logits as input (no LM head to prune)"
+    if not float(getattr(lp, "scale", 1.0)) > 0:
         return "the logits processor rescales by a non-positive factor"
     if getattr(lp, "soft_cap", None) is not None and not float(lp.soft_cap) > 0:
         return "the logits processor has a non-positive soft cap"
     vocab = int(getattr(lp, "org_vocab_size", -1))
     if vocab != table.vocab_size:
-        return f"the table is for a vocabulary of {table.vocab_size}, the model has {vocab}"
+        return (
+            f"{_TABLE_PATH} is for a vocabulary of {table.vocab_size}, the model has {vocab}: "
+            f"point {ENV_TABLE} at a table built with this model's tokenizer"
+        )
+    tp = int(getattr(lm_head, "tp_size", 1))
+    if len(table.token_ids) < tp:
+        return f"K={len(table.token_ids)} is below the tensor-parallel size {tp}"
     return None
+
+
+def _off(reason: str) -> None:
+    log(logging.WARNING, f"vfleet-sm75: draft-prune off for this model (full draft head): {reason}")
 
 
 def attach(proposer: Any) -> None:
@@ -78,7 +90,7 @@ def attach(proposer: Any) -> None:
         return
     reason = why_not(proposer, table)
     if reason is not None:
-        log(logging.WARNING, f"vfleet-sm75: draft-prune off for this model: {reason}")
+        _off(reason)
         return
     import torch
 
@@ -98,19 +110,44 @@ def attach(proposer: Any) -> None:
         def all_gather(t: torch.Tensor) -> torch.Tensor:
             return tensor_model_parallel_all_gather(t, dim=-1)
 
+    def agreed(ok: bool) -> bool:
+        """Every TP rank takes the same path: the draft step's collectives must match."""
+        if tp == 1:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=lm_head.weight.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
+        return bool(flag.item())
+
     shard = lm_head.shard_indices
-    head_dtype = getattr(lp, "head_dtype", None)
-    with torch.no_grad():
-        weight, ids = head.build_share(
-            lm_head.weight.data,
-            int(shard.org_vocab_start_index),
-            int(shard.org_vocab_end_index),
-            table.token_ids,
-            rank,
-            tp,
-            all_reduce,
-            dtype=head_dtype,
+    head_dtype = getattr(lp, "head_dtype", None) or lm_head.weight.dtype
+    n_share = len(range(rank, len(table.token_ids), tp))
+    error: BaseException | None = None
+    try:  # allocate first, so that no rank fails between the build's collectives
+        out = torch.empty(
+            n_share, lm_head.weight.shape[1], dtype=head_dtype, device=lm_head.weight.device
         )
+    except Exception as exc:
+        error = exc
+    if not agreed(error is None):
+        _off(f"could not allocate the pruned head: {error!r}" if error else "another rank failed")
+        return
+    try:
+        with torch.no_grad():
+            weight, ids = head.build_share(
+                lm_head.weight.data,
+                int(shard.org_vocab_start_index),
+                int(shard.org_vocab_end_index),
+                table.token_ids,
+                rank,
+                tp,
+                all_reduce,
+                out=out,
+            )
+    except Exception as exc:
+        error = exc
+    if not agreed(error is None):
+        _off(f"building the pruned head failed: {error!r}" if error else "another rank failed")
+        return
     proposer._vfleet_pruned_head = head.PrunedHead(weight, ids, tp, all_gather)
     k = len(table.token_ids)
     contiguous = draft_vocab.contiguous_counts(table.token_ids, table.vocab_size, tp)
@@ -123,10 +160,10 @@ def attach(proposer: Any) -> None:
     )
 
 
-def install(table: draft_vocab.DraftVocab) -> None:
+def install(table: draft_vocab.DraftVocab, path: str) -> None:
     """Hook SpecDecodeBaseProposer (fingerprints checked by the caller)."""
-    global _TABLE
-    _TABLE = table
+    global _TABLE, _TABLE_PATH
+    _TABLE, _TABLE_PATH = table, path
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as P
 
     if getattr(P, "_vfleet_sm75_hooked", False):
@@ -146,10 +183,7 @@ def install(table: draft_vocab.DraftVocab) -> None:
             attach(self)
         except Exception as exc:  # never break serving: fall back to the full head
             self._vfleet_pruned_head = None
-            log(
-                logging.WARNING,
-                f"vfleet-sm75: draft-prune off: building the pruned head failed: {exc!r}",
-            )
+            _off(repr(exc))
         return result
 
     P._greedy_sample = _greedy_sample

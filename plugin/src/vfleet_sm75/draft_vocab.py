@@ -135,6 +135,16 @@ def _tokenizer(tokenizer_dir: Path) -> Any:
     return Tokenizer.from_file(str(path))
 
 
+def _model_vocab(model_dir: Path) -> int | None:
+    """The LM head's row count from config.json (Qwen pads it past the tokenizer's size)."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    size = (config.get("text_config") or config).get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def _eos_ids(tokenizer_dir: Path) -> list[int]:
     """EOS ids from generation_config.json: always in the table, so drafts can end a reply."""
     try:
@@ -175,12 +185,21 @@ def build(
 ) -> DraftVocab:
     """Count tokens over ``corpus``, keep the K most frequent (ties: lower id first).
 
+    ``vocab_size`` is the model's (config.json: the LM head's rows, which Qwen pads past the
+    tokenizer's size), so the table matches what vLLM loads; the tokenizer's size without one.
+
     EOS ids come first. If the corpus shows fewer than K distinct tokens, the rest is filled
     with unseen ids in id order (a BPE vocabulary's low ids are its bytes and commonest merges).
     ``source`` records the inputs and the coverage of every corpus and evaluation file.
     """
     tok = _tokenizer(tokenizer_dir)
-    vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
+    tokens = int(tok.get_vocab_size(with_added_tokens=True))
+    vocab_size = _model_vocab(tokenizer_dir) or tokens
+    if tokens > vocab_size:
+        raise TableError(
+            f"{tokenizer_dir}: the tokenizer has {tokens} tokens, more than the model's "
+            f"vocab_size {vocab_size} (config.json): is this the model's own tokenizer?"
+        )
     if not 1 <= k < vocab_size:
         raise TableError(
             f"--top {k}: must be between 1 and the vocabulary size - 1 ({vocab_size - 1})"
@@ -196,13 +215,14 @@ def build(
             ranked.append(i)
             seen.add(i)
     distinct = len(ranked)
-    fill = (i for i in range(vocab_size) if i not in seen)
+    fill = (i for i in range(tokens) if i not in seen)  # ids past the tokenizer are padding
     while len(ranked) < k:
         ranked.append(next(fill))
     ids = ranked[:k]
     chosen = set(ids)
     report = {
-        "tokenizer": str(tokenizer_dir),
+        "tokenizer": tokenizer_dir.name,  # the model folder's name, not a local path
+        "tokenizer_tokens": tokens,
         "top_k": k,
         "distinct_tokens_seen": distinct,
         "corpus": [

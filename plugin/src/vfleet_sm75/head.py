@@ -62,7 +62,7 @@ def build_share(
     tp_size: int = 1,
     all_reduce: AllReduce | None = None,
     chunk_rows: int = 4096,
-    dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's round-robin share of ``token_ids`` (frequency order) as (weight, ids).
 
@@ -70,7 +70,8 @@ def build_share(
     vocab-parallel shard). The K rows are assembled chunk by chunk: each rank copies the rows it
     owns into a zero buffer and a sum all-reduce fills in the rest (each row is non-zero on
     exactly one rank, so the sum is exact); the rank keeps every TP-th row. One-time cost at
-    load: K x H values through the all-reduce; extra memory: K/TP rows per rank.
+    load: K x H values through the all-reduce; extra memory: K/TP rows per rank (``out``, in
+    its dtype, if given: allocate it before any rank starts the collectives).
     """
     if tp_size > 1 and all_reduce is None:
         raise ValueError("tp_size > 1 needs an all_reduce")
@@ -80,7 +81,10 @@ def build_share(
     k = ids_all.shape[0]
     step = max(tp_size, chunk_rows - chunk_rows % tp_size)
     n_share = len(range(rank, k, tp_size))
-    out = torch.empty(n_share, hidden, dtype=dtype or local_weight.dtype, device=device)
+    if out is None:
+        out = torch.empty(n_share, hidden, dtype=local_weight.dtype, device=device)
+    if tuple(out.shape) != (n_share, hidden):
+        raise ValueError(f"out is {tuple(out.shape)}, the share needs {(n_share, hidden)}")
     for start in range(0, k, step):
         ids_c = ids_all[start : start + step]
         buf = torch.zeros(ids_c.shape[0], hidden, dtype=local_weight.dtype, device=device)

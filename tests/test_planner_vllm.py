@@ -111,9 +111,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def vllm_capacity(model: Path, kv_gib: int, length: int, flags: list[str]) -> dict[str, Any]:
-    log = model / "server.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), HF_HUB_OFFLINE="1")
+def start_vllm(model: Path, kv_gib: int, length: int, flags: list[str]) -> subprocess.Popen[bytes]:
+    # One OpenMP thread each: three servers share 2 cores, and spinning OpenMP workers that wait
+    # for a core slow every start (capacity does not depend on threads).
+    env = dict(
+        os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"
+    )
     cmd = [
         str(VENV_PY),
         "-m",
@@ -132,12 +135,16 @@ def vllm_capacity(model: Path, kv_gib: int, length: int, flags: list[str]) -> di
         "--enforce-eager",
         *flags,
     ]
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
+    with (model / "server.log").open("w") as fh:
+        return subprocess.Popen(
             cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+
+
+def read_capacity(model: Path, proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
+    """What vLLM logged (KV tokens, block, padding), or {"error": why}; kills the server."""
+    log = model / "server.log"
     try:
-        deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
             text = log.read_text(errors="replace")
             m = re.search(r"KV cache size: ([\d,]+) tokens", text)
@@ -150,20 +157,43 @@ def vllm_capacity(model: Path, kv_gib: int, length: int, flags: list[str]) -> di
                     "padding": float(pad.group(1)) if pad else None,
                 }
             if proc.poll() is not None:
-                pytest.fail(f"vLLM exited before logging its KV size:\n{text[-3000:]}")
+                return {"error": f"vLLM exited before logging its KV size:\n{text[-3000:]}"}
             time.sleep(1)
-        pytest.fail(f"no KV size logged in 400 s:\n{log.read_text()[-3000:]}")
+        return {"error": f"no KV size logged in time:\n{log.read_text()[-3000:]}"}
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def logged(
+    tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Every case's vLLM started at once (their imports and start-ups overlap on 2 cores), then
+    read one by one: the model folder and what vLLM logged, per case."""
+    started: dict[str, tuple[Path, subprocess.Popen[bytes]]] = {}
+    try:
+        for name, config, kv_gib, length, flags, _ in CASES:
+            model = tmp_path_factory.mktemp("model")
+            for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+                if (tokenizer_dir / f).exists():
+                    shutil.copy(tokenizer_dir / f, model / f)
+            (model / "config.json").write_text(json.dumps(config))
+            started[name] = (model, start_vllm(model, kv_gib, length, flags))
+        deadline = time.monotonic() + 600
+        return {name: (m, read_capacity(m, proc, deadline)) for name, (m, proc) in started.items()}
+    finally:
+        for _, proc in started.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 @pytest.mark.parametrize(
     ("name", "config", "kv_gib", "length", "flags", "plan_flags"), CASES, ids=[c[0] for c in CASES]
 )
 def test_plan_equals_what_vllm_logs(
-    tokenizer_dir: Path,
-    tmp_path: Path,
+    logged: dict[str, tuple[Path, dict[str, Any]]],
     name: str,
     config: dict[str, Any],
     kv_gib: int,
@@ -171,12 +201,9 @@ def test_plan_equals_what_vllm_logs(
     flags: list[str],
     plan_flags: list[str],
 ) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (tokenizer_dir / f).exists():
-            shutil.copy(tokenizer_dir / f, model / f)
-    (model / "config.json").write_text(json.dumps(config))
+    model, got = logged[name]
+    if "error" in got:
+        pytest.fail(got["error"])
     plan_args = [
         "plan",
         "-p",
@@ -201,7 +228,6 @@ def test_plan_equals_what_vllm_logs(
     )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
-    got = vllm_capacity(model, kv_gib, length, flags)
     assert plan["kv_cache_tokens"] == got["tokens"], (plan["kv"], got)
     if got["block"] is not None:
         assert plan["block_size"] == got["block"]

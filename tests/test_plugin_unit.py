@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import vfleet_sm75
 from hypothesis import given
 from hypothesis import strategies as st
 from vfleet_sm75 import decide, draft_vocab, fingerprints, flashinfer_fix, settings
@@ -274,7 +275,9 @@ def test_features_not_asked_for_stay_off() -> None:
 def test_the_summary_is_one_line_naming_each_feature() -> None:
     line = decide.summary(decide.decide(_facts(capability=(8, 6))), "0.32.0")
     assert "\n" not in line
-    assert line.startswith("vfleet-sm75 0.1.0 on vLLM 0.32.0: draft-prune=on (")
+    assert line.startswith(
+        f"vfleet-sm75 {vfleet_sm75.__version__} on vLLM 0.32.0: draft-prune=on ("
+    )
     assert "flashinfer-sm75=off (device is compute capability 8.6, not 7.5)" in line
 
 

@@ -237,7 +237,8 @@ def test_pruning_is_active_and_only_changes_acceptance(runs: dict[str, dict[str,
     assert stock[accepted] == stock[drafted] > 0  # the wired model's own drafts are all right
     assert pruned[accepted] < 0.5 * pruned[drafted]  # the answer's words are not in the table
     log = runs["pruned"]["log"]
-    assert "vfleet-sm75 0.1.0 on vLLM 0.32.0: draft-prune=on (drafts from K=64 of 16384" in log
+    version = tomllib.loads((REPO / "plugin" / "pyproject.toml").read_text())["project"]["version"]
+    assert f"vfleet-sm75 {version} on vLLM 0.32.0: draft-prune=on (drafts from K=64 of 16384" in log
     assert "flashinfer-sm75=off (not a CUDA device (vLLM platform: cpu))" in log
     assert "draft-prune on: drafts from K=64 of 16384 tokens; TP rank 0 of 1 holds 64 rows" in log
     assert runs["pruned"]["proposer_greedy"] == "vfleet_sm75.draft_prune"

@@ -162,8 +162,13 @@ unit: venv wheels ## fast tests (no vLLM server)
 .PHONY: test
 PYTEST := VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
 
+# Two pytest workers, each taking whole test files (a file's module fixtures start its vLLM servers
+# once): most of a test's time is spent waiting for a server to start or answer, so two workers
+# keep both cores busy. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
-	$(PYTEST) -m "not fleet" tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not fleet" tests
 
 # Not in `make test`: beside the rest it took CI past its 30 minutes on 2 cores (the two hosts
 # install 3.5 GB of wheels each and start vLLM three times). 16.5 minutes on its own with the

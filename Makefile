@@ -69,6 +69,25 @@ $(SM75_WHEEL): plugin/pyproject.toml plugin/README.md $(wildcard plugin/src/vfle
 .PHONY: wheels
 wheels: $(WHEEL) $(SM75_WHEEL) ## build the host-side wheels (probe + metrics sidecar; SM75 plugin)
 
+# Container images (images/, docs/IMAGES.md) and docker compose (compose.yaml).
+# BASE_IMAGE: build FROM this image instead of profiles/images.yaml's (e.g. a local Debian
+# base where no registry can be reached); WHEELHOUSE: install Python packages from there only.
+BASE_IMAGE ?=
+WHEELHOUSE ?=
+MODEL_DIR ?=
+COMPOSE_OUT ?= build/compose/$(PROFILE)-$(MODEL)
+
+.PHONY: images
+images: venv wheels ## build PROFILE's images (vLLM, sidecar, Prometheus), tagged with its pins
+	$(BIN)/vfleet images build --profile $(PROFILE) $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
+	  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
+
+.PHONY: compose
+compose: venv ## render PROFILE x MODEL for docker compose into COMPOSE_OUT (MODEL_DIR=model folder)
+	@test -n "$(MODEL_DIR)" || { echo "make compose needs MODEL_DIR=<the model folder>"; exit 2; }
+	$(BIN)/vfleet compose -p $(PROFILE) -m $(MODEL) --model-dir $(MODEL_DIR) \
+	  $(foreach s,$(SET),--set $(s)) --out $(COMPOSE_OUT)
+
 .PHONY: deploy
 deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine)
 	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/deploy.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
@@ -130,8 +149,9 @@ $(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done: $(TOOLS)/venvs/vl
 
 # Debian packages the tests and the CPU profile need; installed when missing (as root).
 # debootstrap, systemd-container and openssh: the fleet tests' systemd-nspawn hosts.
+# docker.io and docker-compose: the images and `docker compose up` test (a private dockerd).
 DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++ prometheus \
-	debootstrap systemd-container openssh-client
+	debootstrap systemd-container openssh-client docker.io docker-compose
 
 .PHONY: deps
 deps: ## install the Debian packages the tests need (as root; checks only otherwise)
@@ -148,6 +168,8 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/ruff format --check src healthcheck plugin tests ansible/plugins bench
 	$(BIN)/mypy src healthcheck/src plugin/src
 	$(BIN)/yamllint -s .
+	$(BIN)/hadolint images/*/Dockerfile
+	$(BIN)/vfleet images check
 	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml roles/vfleet roles/vfleet_prometheus
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml

@@ -62,3 +62,24 @@ def tree_digest(root: Path) -> dict[str, str]:
 def require_tools() -> bool:
     """In `make test` the vLLM parsers must be there: a missing one fails instead of skipping."""
     return os.environ.get("VFLEET_REQUIRE_TOOLS") == "1"
+
+
+# The slowest files, longest first (CI durations, docs/BENCHMARKS.md). `make test` runs two
+# pytest workers that take whole files in collection order: starting these first lets the
+# short files fill the gaps instead of one long file running alone at the end.
+SLOW_FIRST = (
+    "test_e2e_deploy.py",
+    "test_compose_e2e.py",
+    "test_observability_e2e.py",
+    "test_planner_vllm.py",
+    "test_plugin_vllm.py",
+    "test_vllm_parse.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order inside each file is kept

@@ -65,6 +65,26 @@ def debian_mirror() -> str:
     raise RuntimeError("no Debian mirror found in /etc/apt sources")
 
 
+def debootstrap(root: Path, packages: list[str], log: Path) -> None:
+    """A Debian minbase root of SUITE (plus packages) from this machine's mirror."""
+    include = [f"--include={','.join(packages)}"] if packages else []
+    with log.open("a") as out:
+        subprocess.run(
+            [
+                which("debootstrap") or "debootstrap",
+                "--variant=minbase",
+                *include,
+                SUITE,
+                str(root),
+                debian_mirror(),
+            ],
+            env=dict(os.environ, PATH=SBIN_PATH),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+
+
 def base_root(log: Path, npm_seed: list[str]) -> Path:
     """The cached root (built on first use: debootstrap ~100 s, npm ~25 s).
 
@@ -79,21 +99,8 @@ def base_root(log: Path, npm_seed: list[str]) -> Path:
         return root
     shutil.rmtree(root, ignore_errors=True)
     root.parent.mkdir(parents=True, exist_ok=True)
+    debootstrap(root, PACKAGES, log)
     with log.open("a") as out:
-        subprocess.run(
-            [
-                which("debootstrap") or "debootstrap",
-                "--variant=minbase",
-                f"--include={','.join(PACKAGES)}",
-                SUITE,
-                str(root),
-                debian_mirror(),
-            ],
-            env=dict(os.environ, PATH=SBIN_PATH),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=True,
-        )
         subprocess.run(
             [
                 CHROOT,

@@ -18,6 +18,7 @@ from . import __version__
 from .benchmark.cli import add_parser as add_bench_parser
 from .compile import Launch, resolve
 from .config import HostVars
+from .containers_cli import add_parsers as add_container_parsers
 from .doctor import add_parser as add_doctor_parser
 from .errors import VfleetError
 from .profiles import list_models, list_profiles, load_model, profiles_dir
@@ -603,6 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(sub)
     add_doctor_parser(sub)
     add_bench_parser(sub)
+    add_container_parsers(sub, _deployment_args, _launch)
     return p
 
 

@@ -310,6 +310,54 @@ def test_bench_against_the_deployment(
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_bench_by_inventory_host_finds_the_deployed_instance(
+    deployed: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """`vfleet bench run --host localhost`: the URL and release come from the inventory and
+    the deploy plan (as `vfleet doctor` finds them), and they are the deployed ones."""
+    import sys
+
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("vfleet")),
+            "bench",
+            "run",
+            "--host",
+            "localhost",
+            "--base-dir",
+            str(BASE),
+            "--set",
+            f"port={PORT}",
+            "--set",
+            f"sidecar_port={SIDECAR_PORT}",
+            "--scenario",
+            "decode",
+            "--decode-tokens",
+            "24",
+            "--repeats",
+            "1",
+            "--no-plots",
+            "--time-limit",
+            "120",
+            "--out",
+            str(tmp_path / "bench"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "inventory host localhost, instance main" in r.stderr
+    assert f"http://127.0.0.1:{PORT}" in r.stderr
+    result = json.loads((tmp_path / "bench" / "result.json").read_text())
+    deployed_release = json.loads(
+        (BASE / "instances" / "main" / "current" / "release.json").read_text()
+    )
+    assert result["deployment"]["release"] == deployed_release
+    assert result["runs"] and result["runs"][0]["completion_tokens"] == 24
+
+
 def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str]) -> None:
     r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
     assert r.returncode == 0, r.stdout[-3000:]

@@ -358,6 +358,46 @@ def test_doctor_over_ssh_sees_no_drift_then_names_a_pending_change(fleet: Fleet)
     assert service and service[0]["status"] == "ok" and "pm2" in service[0]["message"], service
 
 
+def test_bench_by_host_goes_through_an_ssh_tunnel(fleet: Fleet, tmp_path: Path) -> None:
+    """`vfleet bench run --host node1`: vLLM listens on the host's loopback, so the bench
+    reaches it through an ssh tunnel with the inventory's user, port and key."""
+    proc = subprocess.run(
+        [
+            str(REPO / ".venv/bin/vfleet"),
+            "bench",
+            "run",
+            "--host",
+            "node1",
+            "-i",
+            str(fleet.inventory),
+            "--scenario",
+            "decode",
+            "--decode-tokens",
+            "16",
+            "--repeats",
+            "1",
+            "--no-plots",
+            "--time-limit",
+            "120",
+            "--api-key-env",
+            "VFLEET_TEST_API_KEY",
+            "--out",
+            str(tmp_path / "bench"),
+        ],
+        env=dict(os.environ, VFLEET_TEST_API_KEY=API_KEY),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "inventory host node1, instance main" in proc.stderr
+    assert "through an ssh tunnel" in proc.stderr
+    result = json.loads((tmp_path / "bench" / "result.json").read_text())
+    assert result["deployment"]["release"]["instance"] == "main"
+    assert result["runs"][0]["completion_tokens"] == 16
+
+
 def test_kill9_of_the_engine_comes_back_ready(fleet: Fleet) -> None:
     node1 = fleet.nodes["node1"]
     before = unit_show(node1)

@@ -1296,11 +1296,10 @@ def table(findings: list[Finding], width: int) -> str:
     return "\n".join(lines)
 
 
-def cmd_doctor(a: argparse.Namespace) -> int:
+def host_plan(a: argparse.Namespace, hv: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The deploy plan of a.host's instance, built as `make deploy` builds it; its Python."""
     from .deploy_plan import plan as deploy_plan
-    from .remote import host_vars, run_hostfacts
 
-    hv = host_vars(a.inventory, a.host)
     s = _settings(a, hv)
     plan = deploy_plan(
         s["profile"],
@@ -1313,7 +1312,15 @@ def cmd_doctor(a: argparse.Namespace) -> int:
         profiles_dir=s["profiles_dir"],
         host_name=a.host,
     )
-    facts = run_hostfacts(a.host, hv, request(plan), s["python"])
+    return plan, str(s["python"])
+
+
+def cmd_doctor(a: argparse.Namespace) -> int:
+    from .remote import host_vars, run_hostfacts
+
+    hv = host_vars(a.inventory, a.host)
+    plan, python = host_plan(a, hv)
+    facts = run_hostfacts(a.host, hv, request(plan), python)
     findings = findings_from(plan, facts, drift=not a.no_drift)
     counts = summary(findings)
     if a.json:

@@ -12,9 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..doctor import DEFAULT_INVENTORY
 from ..errors import VfleetError
 from . import report
 from .client import BenchError, Client
+from .target import HostTarget
 
 SCENARIO_NAMES = ("context", "decode", "prefill", "concurrency")
 
@@ -60,6 +62,7 @@ examples:
   vfleet bench run --url :8000 --scenario decode --decode-tokens 1000 --repeats 5
   vfleet bench run --url :8000 --lengths 0,1K,32K,128K --release-json \\
       ~/.local/share/vfleet/instances/main/current/release.json --out bench/fp8-kv
+  vfleet bench run --host gpu1 -i my-inventory.yml --save-baseline mine.yaml
   vfleet bench compare bench/fp16-kv/result.json bench/fp8-kv/result.json
 """
 
@@ -186,7 +189,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog=RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("--url", required=True, help="vLLM base URL or HOST:PORT, e.g. :8000")
+    where = r.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="vLLM base URL or HOST:PORT, e.g. :8000")
+    where.add_argument(
+        "--host",
+        help="an inventory host: its instance's URL (through an ssh tunnel when vLLM listens "
+        "on the host's loopback) and release manifest, found as `vfleet doctor HOST` finds them",
+    )
+    inv = r.add_argument_group("with --host (as `vfleet doctor`: else the host's vfleet_* vars)")
+    inv.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY), help="inventory")
+    inv.add_argument("--instance", help="instance name (default: main)")
+    inv.add_argument("--profile", help="hardware profile")
+    inv.add_argument("--preset", help="model preset")
+    inv.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="setting")
+    inv.add_argument("--base-dir", help="vfleet's folder on the host")
     r.add_argument(
         "--model", metavar="NAME", help="served model name (default: the only one the server lists)"
     )
@@ -364,7 +380,31 @@ def _version(client: Client) -> str | None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    if a.save_baseline and not a.release_json:
+    if a.host is None:
+        return _run(a, None)
+    from .target import resolve  # Ansible's inventory, only when asked for
+
+    doctor_args = argparse.Namespace(
+        host=a.host,
+        inventory=a.inventory,
+        instance=a.instance,
+        profile=a.profile,
+        model=a.preset,
+        sets=a.sets,
+        base_dir=a.base_dir,
+        deployment=None,
+        profiles_dir=None,
+    )
+    target = resolve(doctor_args)
+    print(f"bench: {target.source}: {target.url}", file=sys.stderr)
+    try:
+        return _run(a, target)
+    finally:
+        target.close()
+
+
+def _run(a: argparse.Namespace, target: HostTarget | None) -> int:
+    if a.save_baseline and not (a.release_json or target):
         raise VfleetError(
             "a baseline must name the deployment it was measured on",
             key="--save-baseline",
@@ -389,7 +429,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .prompts import PromptBuilder, vllm_counter
 
     try:
-        url = base_url(a.url)
+        url = target.url if target else base_url(a.url)
     except ValueError as exc:
         raise VfleetError(
             str(exc), key="--url", fix="a vLLM base URL such as http://127.0.0.1:8000, or :8000"
@@ -422,6 +462,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.decode_tokens < 2:
         raise VfleetError("decode speed needs 2 tokens or more", key="--decode-tokens")
     release = _release(a.release_json) if a.release_json else None
+    if target is not None and release is None:
+        release = target.release
     api_key = None
     if a.api_key_env:
         api_key = os.environ.get(a.api_key_env)
@@ -479,7 +521,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         finished_at=time.time(),
         token_counting="vLLM /tokenize" if counter else "estimated (no /tokenize)",
         deployment=release,
-        deployment_source=str(a.release_json) if a.release_json else None,
+        deployment_source=str(a.release_json)
+        if a.release_json
+        else (target.source if target else None),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

@@ -96,6 +96,15 @@ deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on t
 stop: venv ## stop the instance on HOST
 	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/stop.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
 
+.PHONY: rollback
+rollback: venv ## switch INSTANCE on HOST back to its previous release, restart, wait until warm
+	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/rollback.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
+
+.PHONY: releases
+releases: venv ## the releases kept on HOST: current, previous, when, which model
+	$(BIN)/vfleet releases $(HOST) -i $(INVENTORY) --instance $(INSTANCE) \
+	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s))
+
 .PHONY: doctor
 doctor: venv ## check HOST against what a deploy would put there: ok / warn / fail with fixes, drift
 	$(BIN)/vfleet doctor $(HOST) -i $(INVENTORY) $(if $(filter command line environment,$(origin PROFILE)),-p $(PROFILE)) \
@@ -170,7 +179,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/yamllint -s .
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/vfleet images check
-	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml roles/vfleet roles/vfleet_prometheus
+	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml roles/vfleet roles/vfleet_prometheus
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml
 	$(BIN)/vfleet prometheus rules --check
@@ -186,11 +195,12 @@ PYTEST := VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
 
 # Two pytest workers, each taking whole test files (a file's module fixtures start its vLLM servers
 # once): most of a test's time is spent waiting for a server to start or answer, so two workers
-# keep both cores busy. TEST_WORKERS=0 runs in one process.
+# keep both cores busy. Files go out in collection order, which puts the slowest first
+# (tests/conftest.py), not xdist's default of the most tests first. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not fleet" tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet" tests
 
 # Not in `make test`: beside the rest it took CI past its 30 minutes on 2 cores (the two hosts
 # install 3.5 GB of wheels each and start vLLM three times). 16.5 minutes on its own with the

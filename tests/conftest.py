@@ -64,14 +64,16 @@ def require_tools() -> bool:
     return os.environ.get("VFLEET_REQUIRE_TOOLS") == "1"
 
 
-# The slowest files, longest first (CI durations, docs/BENCHMARKS.md). `make test` runs two
-# pytest workers that take whole files in collection order: starting these first lets the
-# short files fill the gaps instead of one long file running alone at the end.
+# The slowest files first (CI durations, docs/BENCHMARKS.md). `make test` runs two pytest
+# workers that take whole files in collection order, each holding one running and one queued:
+# file 1 and 3 go to one worker, 2 and 4 to the other, then whoever is free takes the next.
+# So the two longest start at once, a short one queues behind the longest, and the short
+# files fill the gaps instead of one long file running alone at the end.
 SLOW_FIRST = (
     "test_e2e_deploy.py",
     "test_compose_e2e.py",
-    "test_observability_e2e.py",
     "test_planner_vllm.py",
+    "test_observability_e2e.py",
     "test_plugin_vllm.py",
     "test_vllm_parse.py",
 )

@@ -382,6 +382,21 @@ def test_check_diff_shows_pending_change_and_changes_nothing(
     assert http("/health")[0] == 200
 
 
+def served_max_model_len() -> int:
+    status, body = http("/v1/models")
+    assert status == 200
+    return int(json.loads(body)["data"][0]["max_model_len"])
+
+
+def test_rollback_without_a_previous_release_says_so(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    r = make("rollback", "INSTANCE=never-deployed")
+    assert r.returncode == 2
+    assert "instance never-deployed on localhost has no previous release" in r.stdout
+    assert http("/health")[0] == 200  # the running instance is untouched
+
+
 def test_port_in_use_fails_preflight_and_touches_nothing(
     deployed: subprocess.CompletedProcess[str],
 ) -> None:
@@ -468,8 +483,52 @@ def test_stop_stops_the_server(deployed: subprocess.CompletedProcess[str]) -> No
 
 
 def test_deploy_after_stop_serves_again(deployed: subprocess.CompletedProcess[str]) -> None:
+    """A deploy after `make stop`, with another setting: a new release, serving."""
     # `make stop` also ends pm2's daemon when nothing is left; pm2 then prints start-up lines
     # before its JSON on the next deploy (a bug found by the deploy-vs-bare benchmark).
-    r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
+    inst = BASE / "instances" / "main"
+    first = os.readlink(inst / "current")
+    r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_model_len=2048")
     assert r.returncode == 0, r.stdout[-3000:]
     assert http("/health")[0] == 200
+    assert served_max_model_len() == 2048
+    assert os.readlink(inst / "current") != first and os.readlink(inst / "previous") == first
+
+
+def test_rollback_brings_the_previous_release_back(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    """`make rollback` swaps `current` and `previous` and restarts from what is on the host,
+    rendering nothing; `vfleet releases` shows which is which, before and after."""
+    import sys
+
+    inst = BASE / "instances" / "main"
+    first, second = os.readlink(inst / "previous"), os.readlink(inst / "current")
+
+    def states() -> dict[str, str]:
+        listing = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("vfleet")),
+                "releases",
+                "localhost",
+                "--base-dir",
+                str(BASE),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert listing.returncode == 0, listing.stderr
+        return {r["path"]: r["state"] for r in json.loads(listing.stdout)["releases"]}
+
+    assert (states()[second], states()[first]) == ("current", "previous")
+    t0 = time.monotonic()
+    r = make("rollback")
+    print(f"rollback to ready and warm: {time.monotonic() - t0:.0f} s")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert f"rolled back to release {Path(first).name}" in r.stdout
+    assert os.readlink(inst / "current") == first and os.readlink(inst / "previous") == second
+    assert (states()[first], states()[second]) == ("current", "previous")
+    assert served_max_model_len() == 4096

@@ -436,6 +436,32 @@ def test_bad_model_path_fails_in_preflight_and_keeps_serving(fleet: Fleet) -> No
     assert chat(node1.port)[0] == 200
 
 
+def test_rollback_on_systemd_restores_the_previous_release(fleet: Fleet) -> None:
+    """A changed deploy, then `make rollback HOST=node1`: current and previous swap, the
+    release's own unit is installed again, and the unit restarts ready and warm."""
+    node1 = fleet.nodes["node1"]
+    inst = "/opt/vfleet/instances/main"
+    first = node1.host.run(f"readlink {inst}/current").stdout.strip()
+    proc = make(fleet, "deploy", "HOST=node1", f"SET={' '.join([*node1.sets, 'max_num_seqs=3'])}")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    second = node1.host.run(f"readlink {inst}/current").stdout.strip()
+    assert second != first
+    t0 = time.monotonic()
+    proc = make(fleet, "rollback", "HOST=node1")
+    record("rollback_systemd_s", round(time.monotonic() - t0, 1))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"rolled back to release {Path(first).name}" in proc.stdout
+    assert node1.host.run(f"readlink {inst}/current").stdout.strip() == first
+    assert node1.host.run(f"readlink {inst}/previous").stdout.strip() == second
+    same = node1.host.run(
+        f"cmp {inst}/current/vfleet-vllm@main.service /etc/systemd/system/vfleet-vllm@main.service",
+        check=False,
+    )
+    assert same.returncode == 0, same.stdout
+    assert unit_show(node1)["ActiveState"] == "active"
+    assert chat(node1.port)[0] == 200
+
+
 def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -> None:
     node1 = fleet.nodes["node1"]
     models = "/opt/vfleet/models"

@@ -22,6 +22,7 @@ from .containers_cli import add_parsers as add_container_parsers
 from .doctor import add_parser as add_doctor_parser
 from .errors import VfleetError
 from .profiles import list_models, list_profiles, load_model, profiles_dir
+from .releases import add_parser as add_releases_parser
 from .render import release_id, render_files, write_atomic
 from .rules import RULES
 from .status import add_parser as add_status_parser
@@ -603,6 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_status_parser(sub)
     add_doctor_parser(sub)
+    add_releases_parser(sub)
     add_bench_parser(sub)
     add_container_parsers(sub, _deployment_args, _launch)
     return p

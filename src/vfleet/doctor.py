@@ -1350,14 +1350,8 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     return counts["exit"]
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "doctor",
-        help="preflight and drift check of one host (GPUs, model, ports, service, drift)",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def host_args(p: argparse.ArgumentParser) -> None:
+    """HOST and how its instance was deployed: shared by doctor, releases and rollback."""
     p.add_argument("host", metavar="HOST", help="inventory host name (e.g. localhost)")
     p.add_argument(
         "-i",
@@ -1386,6 +1380,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help=f"vfleet's folder on the host (default: vfleet_base_dir, {HostVars().base_dir})",
     )
     p.add_argument("--profiles-dir", metavar="DIR", help="profiles folder on this machine")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="preflight and drift check of one host (GPUs, model, ports, service, drift)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    host_args(p)
     p.add_argument(
         "--json", action="store_true", help='{"host", "findings": [...], "summary": {...}}'
     )

@@ -561,16 +561,50 @@ def log_tail(path: str, lines: int = LOG_LINES) -> list[str]:
     return text[-lines:]
 
 
+# What `vfleet releases` shows of each release (from its release.json; never the env).
+RELEASE_KEYS = ("profile", "model", "stack", "served_model_name", "versions", "url")
+
+
+def release_list(current_dir: str) -> list[dict[str, Any]]:
+    """Every release kept beside `current` (releases/<id>), newest first."""
+    folder = Path(current_dir).parent / "releases"
+    if not folder.is_dir():
+        return []
+    out = []
+    for rel in folder.iterdir():
+        manifest = rel / "release.json"
+        if not manifest.is_file():
+            continue
+        try:
+            data = json.loads(read_text(manifest))
+        except ValueError:
+            data = {}
+        out.append(
+            {
+                "id": rel.name,
+                "path": str(rel),
+                "installed_at": manifest.stat().st_mtime,
+                **{k: data.get(k) for k in RELEASE_KEYS},
+            }
+        )
+    return sorted(out, key=lambda r: -float(r["installed_at"]))
+
+
 def release_facts(current_dir: str, secrets: list[str]) -> dict[str, Any]:
-    """Where `current` points, since when, and its vllm.yaml (what the next start reads)."""
+    """Where `current` and `previous` point, since when, the current vllm.yaml (what the next
+    start reads) and every release kept on the host."""
     link = Path(current_dir)
+    previous = link.parent / "previous"
+    listing = release_list(current_dir)
     if not link.exists():
-        return {"current": None, "switched_at": None, "config_text": None}
+        return {"current": None, "switched_at": None, "config_text": None, "releases": listing}
     config = link / "vllm.yaml"
     return {
         "current": os.path.realpath(link),
+        "previous": os.path.realpath(previous) if previous.exists() else None,
         "switched_at": link.lstat().st_mtime,
         "config_text": hash_secret_values(read_text(config), secrets) if config.exists() else None,
+        "releases": listing,
     }
 
 

@@ -260,6 +260,9 @@ def release_manifest(launch: Launch, files: dict[str, str]) -> dict[str, Any]:
         "versions": stack,
         "served_model_name": launch.served_model_name,
         "url": probe_config(launch)["url"],
+        # What a rollback needs to wait for this release without rendering anything.
+        "venv": launch.venv,
+        "start_timeout_s": launch.profile.start_timeout_s,
         "args": {e.key: e.value for e in launch.args},
         "env": {e.key: ("<secret>" if e.secret else e.value) for e in launch.env},
         "decisions": [

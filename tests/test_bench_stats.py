@@ -502,6 +502,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert back["deployment"] == {
         "source": "release.json",
         "release": {"release": "r1", "vllm": "0.32.0"},
+        "host": None,  # facts of the machine: with --host only
     }
     assert back["summary"]["decode"]["decode_tps"] == pytest.approx(69.3)
     samples = report.metric_samples(back)

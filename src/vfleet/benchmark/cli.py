@@ -22,8 +22,10 @@ SCENARIO_NAMES = ("context", "decode", "prefill", "concurrency")
 
 DESCRIPTION = """\
 Measure one vLLM server the way the seed write-ups did, and keep the result as JSON, a markdown
-table and PNG plots. Only --url is contacted: its /v1/models, /version, /tokenize, /metrics and
-the OpenAI endpoints. Run it while nothing else uses the server: MTP acceptance comes from the
+table and PNG plots. Only the server is contacted: its /v1/models, /version, /tokenize,
+/metrics and the OpenAI endpoints (with --host, also the host itself, over ssh as `vfleet
+doctor` does, for its facts: OS, CPU, memory, GPUs and driver, which go into the result with
+the release). Run it while nothing else uses the server: MTP acceptance comes from the
 server-wide /metrics counters.
 
 Scenarios (--scenario, comma-separated; default context,decode,prefill):
@@ -521,6 +523,7 @@ def _run(a: argparse.Namespace, target: HostTarget | None) -> int:
         finished_at=time.time(),
         token_counting="vLLM /tokenize" if counter else "estimated (no /tokenize)",
         deployment=release,
+        host_facts=target.host if target else None,
         deployment_source=str(a.release_json)
         if a.release_json
         else (target.source if target else None),

@@ -45,6 +45,7 @@ def document(
     token_counting: str,
     deployment: Any = None,
     deployment_source: str | None = None,
+    host_facts: Any = None,
 ) -> Doc:
     runs = [asdict(r) for r in outcome.runs]
     fit = outcome.prefill_fit
@@ -73,7 +74,9 @@ def document(
         "runs": runs,
         "fits": {"prefill": asdict(fit) if fit is not None else None},
         "deployment": (
-            {"source": deployment_source, "release": deployment} if deployment is not None else None
+            {"source": deployment_source, "release": deployment, "host": host_facts}
+            if deployment is not None
+            else None
         ),
     }
     doc["summary"] = summarize(runs)

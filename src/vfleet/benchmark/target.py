@@ -28,6 +28,8 @@ class HostTarget:
     url: str
     release: dict[str, Any]
     source: str
+    # What the host is (OS, CPU, memory, GPUs and driver, the venv's Python), from hostfacts.
+    host: dict[str, Any] = field(default_factory=dict)
     tunnel: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def close(self) -> None:
@@ -77,21 +79,38 @@ def _open_tunnel(
     raise VfleetError(f"ssh tunnel not up in {TUNNEL_TIMEOUT_S} s", where=host)
 
 
+def host_summary(facts: dict[str, Any]) -> dict[str, Any]:
+    """The facts a benchmark result keeps about the machine it measured."""
+    from ..doctor import parse_cuda_version, parse_gpus
+
+    gpus = facts.get("gpus") or {}
+    return {
+        "os": facts.get("os"),
+        "cpu": facts.get("cpu"),
+        "memory": facts.get("memory"),
+        "gpus": parse_gpus(gpus["query"]) if gpus.get("query") else None,
+        "driver_cuda": parse_cuda_version(gpus["header"]) if gpus.get("header") else None,
+        "venv": facts.get("venv"),
+        "gathered_at": facts.get("gathered_at"),
+    }
+
+
 def resolve(a: argparse.Namespace) -> HostTarget:
     """The URL (tunnelled if needed) and release manifest of the host's instance."""
-    from ..doctor import host_plan
-    from ..remote import host_vars, literal, ssh_argv
+    from ..doctor import host_plan, request
+    from ..remote import host_vars, literal, run_hostfacts, ssh_argv
 
     hv = host_vars(a.inventory, a.host)
-    plan, _ = host_plan(a, hv)
+    plan, python = host_plan(a, hv)
+    host = host_summary(run_hostfacts(a.host, hv, request(plan), python))
     manifest = next(f["content"] for f in plan["files"] if f["name"] == "release.json")
     release: dict[str, Any] = json.loads(manifest)
     source = f"inventory host {a.host}, instance {plan['instance']} (release {plan['release_id']})"
     if str(literal(hv, "ansible_connection", a.host)) == "local":
-        return HostTarget(plan["url"], release, source)
+        return HostTarget(plan["url"], release, source, host)
     address = str(literal(hv, "ansible_host", a.host) or a.host)
     listen = str(plan["listen_host"])
     if listen in LOOPBACK:
         url, proc = _open_tunnel(ssh_argv(a.host, hv), "127.0.0.1", int(plan["port"]), a.host)
-        return HostTarget(url, release, f"{source}, through an ssh tunnel", proc)
-    return HostTarget(f"http://{address}:{plan['port']}", release, source)
+        return HostTarget(url, release, f"{source}, through an ssh tunnel", host, proc)
+    return HostTarget(f"http://{address}:{plan['port']}", release, source, host)

@@ -203,7 +203,7 @@ test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser chec
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet" tests
 
 # Not in `make test`: beside the rest it took CI past its 30 minutes on 2 cores (the two hosts
-# install 3.5 GB of wheels each and start vLLM three times). 16.5 minutes on its own with the
+# install 3.5 GB of wheels each and start vLLM several times). 22 minutes on its own with the
 # host root and wheelhouse cached (.cache/), about 3.5 more to build them.
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)

@@ -338,3 +338,36 @@ def test_compose_refuses_a_model_the_container_cannot_read(  # type: ignore[no-u
         str(tmp_path / "out"),
     )
     assert res.rc == 2 and "no config.json" in res.err
+
+
+def test_build_refuses_bad_paths_before_staging_anything(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    stage = REPO / "build" / "images"
+    before = sorted(stage.iterdir()) if stage.exists() else []
+    for flag, expect in (
+        ("--wheelhouse", "--wheelhouse: not a folder"),
+        ("--ca-bundle", "--ca-bundle: not a file"),
+    ):
+        res = cli("images", "build", "-p", "cpu", "--dry-run", flag, str(tmp_path / "nope"))
+        assert res.rc == 2 and expect in res.err and "fix:" in res.err, res.err
+    after = sorted(stage.iterdir()) if stage.exists() else []
+    assert after == before
+
+
+def test_compose_refuses_a_bad_listen_address(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, model_dir: Path
+) -> None:
+    res = cli(
+        "compose",
+        "-p",
+        "cpu",
+        "-m",
+        "tiny-hybrid-mtp",
+        "--model-dir",
+        str(model_dir),
+        "--out",
+        str(tmp_path / "out"),
+        "--prometheus-listen",
+        "127.0.0.1:99999",
+    )
+    assert res.rc == 2 and "--prometheus-listen: expected HOST:PORT" in res.err, res.err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.secrets.env").exists()

@@ -94,8 +94,8 @@ def _grafana_password(out: Path) -> str:
 
 def _split_listen(listen: str, key: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise VfleetError("expected HOST:PORT", key=key, fix="e.g. 127.0.0.1:9090")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise VfleetError(f"expected HOST:PORT, got {listen!r}", key=key, fix="e.g. 127.0.0.1:9090")
     return host, int(port)
 
 
@@ -159,6 +159,8 @@ def compose_files(launch: Launch, opts: ComposeOptions) -> list[RenderedFile]:
             "file (--secrets-env)",
         )
     _check_model_dir(opts.model_dir)
+    _split_listen(opts.prometheus_listen, "--prometheus-listen")
+    _split_listen(opts.grafana_listen, "--grafana-listen")
     out = opts.out.resolve()
     files: list[RenderedFile] = []
     for f in render_files(launch):

@@ -334,6 +334,22 @@ def stage_context(
     The CA bundle goes to the build stage only (pip behind a TLS-intercepting proxy); no
     final stage copies it, so it is not in the image.
     """
+    # Bad input is refused before anything is staged.
+    for name in spec.vfleet_wheels:
+        if not (WHEELS_DIR / name).is_file():
+            raise VfleetError(
+                "wheel not built",
+                where=str(WHEELS_DIR / name),
+                fix="make wheels (builds build/wheels/)",
+            )
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise VfleetError(
+            "not a folder", where=str(wheelhouse), key="--wheelhouse", fix="give a folder of wheels"
+        )
+    if ca_bundle is not None and not ca_bundle.is_file():
+        raise VfleetError(
+            "not a file", where=str(ca_bundle), key="--ca-bundle", fix="give a PEM file"
+        )
     src = IMAGES_DIR / spec.dockerfile_dir
     if out is None:
         # A folder of its own per build: two builds at once never share a context.
@@ -349,15 +365,8 @@ def stage_context(
     wheels = ctx / "wheels"
     wheels.mkdir()
     for name in spec.vfleet_wheels:
-        whl = WHEELS_DIR / name
-        if not whl.is_file():
-            raise VfleetError(
-                "wheel not built", where=str(whl), fix="make wheels (builds build/wheels/)"
-            )
-        _link_or_copy(whl, wheels / name)
+        _link_or_copy(WHEELS_DIR / name, wheels / name)
     if wheelhouse is not None:
-        if not wheelhouse.is_dir():
-            raise VfleetError("not a folder", where=str(wheelhouse), fix="give a wheelhouse")
         for whl in wheelhouse.glob("*.whl"):
             dist = whl.name.split("-", 1)[0].lower()
             wanted = spec.from_wheelhouse is None or dist in spec.from_wheelhouse

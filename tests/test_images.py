@@ -285,6 +285,7 @@ def test_compose_gpu_profile_adds_the_gpu_file(cli, tmp_path: Path, model_dir: P
     [
         (("--set", "api_key=sekrit"), "api_key: api_key would be written into the release"),
         (("--base-dir", "/srv/vfleet"), "--base-dir: the images use /opt/vfleet"),
+        (("--set", "instance=b"), "instance: the images run instance 'main', not 'b'"),
     ],
 )
 def test_compose_refuses_and_writes_nothing(  # type: ignore[no-untyped-def]

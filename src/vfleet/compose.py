@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .compile import Launch
 from .errors import VfleetError
-from .images import CONTAINER_HOST, images_config, images_for
+from .images import CONTAINER_HOST, INSTANCE, images_config, images_for
 from .monitoring import DEFAULT_LISTEN, PM2_FILE, prometheus_files, scrape_target
 from .profiles import REPO_ROOT
 from .render import RenderedFile, local_host, render_files, sidecar_config, write_atomic
@@ -150,6 +150,13 @@ def compose_files(launch: Launch, opts: ComposeOptions) -> list[RenderedFile]:
             f"the images use {CONTAINER_HOST.base_dir}, not {launch.host.base_dir}",
             key="--base-dir",
             fix="drop --base-dir for vfleet compose",
+        )
+    if launch.instance != INSTANCE:
+        raise VfleetError(
+            f"the images run instance {INSTANCE!r}, not {launch.instance!r}",
+            key="instance",
+            fix="drop the instance setting for vfleet compose (a compose project is one instance; "
+            "use --project to run two)",
         )
     if launch.settings.api_key is not None:
         raise VfleetError(

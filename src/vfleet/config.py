@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+# The instance a host runs when none is named (two instances per host need names).
+DEFAULT_INSTANCE = "main"
 
 
 class Strict(BaseModel):

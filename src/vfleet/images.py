@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import Field
 
 from . import __version__
-from .config import NAME_PATTERN, HardwareProfile, HostVars, Stack, Strict
+from .config import DEFAULT_INSTANCE, NAME_PATTERN, HardwareProfile, HostVars, Stack, Strict
 from .deploy_plan import healthcheck_version, plugin_version
 from .errors import VfleetError
 from .profiles import REPO_ROOT, load_profile, parse, profiles_dir, read_yaml
@@ -32,7 +32,7 @@ WHEELS_DIR = REPO_ROOT / "build" / "wheels"
 # Where vLLM runs inside the container: the same layout as on a host (HostVars' defaults), so
 # a release rendered for a host runs unchanged in the image (launch.sh, probe.json, units).
 CONTAINER_HOST = HostVars()
-INSTANCE = "main"
+INSTANCE = DEFAULT_INSTANCE  # the image has its state and home folders for this one
 # Python of each base family, checked against the stack's pin (a venv cannot change it).
 BASE_PYTHON = {"debian-bookworm": "3.11"}
 # Passed by `vfleet images build` itself, not from the stack: where to build FROM and where

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .config import HardwareProfile, HostVars, ModelPreset, ServeSettings, Stack
+from .config import DEFAULT_INSTANCE, HardwareProfile, HostVars, ModelPreset, ServeSettings, Stack
 from .errors import Refused, VfleetError
 from .vllm_versions import (
     MAMBA_ALIGN_IMPLIED_SINCE,
@@ -111,7 +111,7 @@ class Ctx:
 
     @property
     def instance(self) -> str:
-        return self.s.instance or "main"
+        return self.s.instance or DEFAULT_INSTANCE
 
     # -- effects -----------------------------------------------------------------------
     def _rule(self) -> Rule:

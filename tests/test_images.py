@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,7 @@ def test_hadolint_clean(dockerfile: Path) -> None:
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout
 
 
-def test_dry_run_stages_context_with_wheels_and_no_ca(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_dry_run_stages_a_small_context_and_a_feed_with_the_wheels(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if not (REPO / "build" / "wheels" / images.wheel_name("vfleet_sm75", "0.1.0")).exists():
         pytest.skip("make wheels first") if not require_tools() else pytest.fail("no wheels")
     res = cli("images", "build", "--profile", "cpu", "--only", "vllm", "--dry-run")
@@ -128,17 +129,50 @@ def test_dry_run_stages_context_with_wheels_and_no_ca(cli, tmp_path: Path) -> No
     argv = res.out.strip()
     assert argv.startswith("docker build --network host --tag vfleet/vllm:cpu-")
     assert "--build-arg PIP_INDEX=https://pypi.org/simple" in argv
+    assert "--build-arg FEED_URL=http://127.0.0.1:PORT" in argv
     ctx = Path(argv.split()[-1])
-    assert ctx.parent == REPO / "build" / "images" and ctx.name.startswith("vllm-cpu-")
-    assert sorted(p.name for p in (ctx / "wheels").iterdir()) == sorted(
+    root = ctx.parent
+    assert root.parent == REPO / "build" / "images" and root.name.startswith("vllm-cpu-")
+    # The context docker receives holds no wheel and no CA: those are served from the feed.
+    assert sorted(p.name for p in ctx.iterdir()) == [".dockerignore", "Dockerfile", "common"]
+    assert (ctx / "common" / "vfleet-serve").stat().st_mode & stat.S_IXUSR
+    assert sorted(p.name for p in (root / "feed" / "wheels").iterdir()) == sorted(
         [
             images.wheel_name("vfleet_healthcheck", images.healthcheck_version()),
             images.wheel_name("vfleet_sm75", images.plugin_version()),
         ]
     )
-    assert list((ctx / "ca").iterdir()) == []
-    assert (ctx / "common" / "vfleet-serve").stat().st_mode & stat.S_IXUSR
-    shutil.rmtree(ctx)
+    assert (root / "feed" / "ca.crt").read_bytes() == b""
+    shutil.rmtree(root)
+
+
+def test_pip_installs_from_the_feed_over_loopback(tmp_path: Path) -> None:
+    # What the Dockerfiles' RUN step does, outside Docker: real pip, --no-index, the feed's URL.
+    hc = images.healthcheck_version()
+    if not (images.WHEELS_DIR / images.wheel_name("vfleet_healthcheck", hc)).exists():
+        pytest.skip("make wheels first") if not require_tools() else pytest.fail("no wheels")
+    spec = images.sidecar_image(images.images_config())
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nnot a real one\n-----END CERTIFICATE-----\n")
+    staged = images.stage_context(spec, ca_bundle=ca, out=tmp_path / "stage")
+    with images.serve_feed(staged.feed) as url:
+        with urllib.request.urlopen(f"{url}/ca.crt", timeout=10) as r:
+            assert r.read() == ca.read_bytes()
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "pip", "download", "--no-deps", "--no-index",
+                "--find-links", f"{url}/wheels/", "-d", str(tmp_path / "got"),
+                f"vfleet-healthcheck=={hc}",
+            ],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in (tmp_path / "got").iterdir()] == [
+        images.wheel_name("vfleet_healthcheck", hc)
+    ]
+    # Served until the build ends, not after.
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/ca.crt", timeout=5)
 
 
 def _compose_config() -> dict[str, object]:

@@ -3,18 +3,24 @@
 One Dockerfile per stack family (`images/vllm-cpu`, `images/vllm-cuda`) plus the sidecar and
 Prometheus images. No Dockerfile names a version: `vfleet images build` passes every pin of
 the profile's stack as a build argument and tags the image with them, so the versions live in
-`profiles/` only. The build context is staged under `build/images/` (the Dockerfile, the
-entrypoint, the vfleet wheels and, where given, a wheelhouse: hard links, not copies).
+`profiles/` only. Each build is staged under `build/images/`: a context of a few kB (the
+Dockerfile, the entrypoint) and a feed (the vfleet wheels, a wheelhouse where given, a CA bundle
+where given; hard links, not copies) that the build fetches over loopback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +41,9 @@ CONTAINER_HOST = HostVars()
 INSTANCE = DEFAULT_INSTANCE  # the image has its state and home folders for this one
 # Python of each base family, checked against the stack's pin (a venv cannot change it).
 BASE_PYTHON = {"debian-bookworm": "3.11"}
-# Passed by `vfleet images build` itself, not from the stack: where to build FROM and where
-# pip takes packages from ("offline": the staged wheelhouse only).
-BUILD_TIME_ARGS = ("BASE_IMAGE", "PIP_INDEX")
+# Passed by `vfleet images build` itself, not from the stack: where to build FROM, where pip
+# takes packages from ("offline": the feed's wheels only) and the feed's loopback URL.
+BUILD_TIME_ARGS = ("BASE_IMAGE", "PIP_INDEX", "FEED_URL")
 DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -322,17 +328,26 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A build's staged folder: the context docker receives, and the feed served beside it."""
+
+    root: Path
+    context: Path  # Dockerfile + common/: a few kB, so sending it costs nothing
+    feed: Path  # wheels/ and ca.crt (empty when none): served over loopback, never sent
+
+
 def stage_context(
     spec: ImageSpec,
     *,
     wheelhouse: Path | None = None,
     ca_bundle: Path | None = None,
     out: Path | None = None,
-) -> Path:
-    """Assemble the build context: Dockerfile, entrypoint, wheels, optional CA bundle.
+) -> Staged:
+    """Stage a build: the context (Dockerfile, entrypoint) and the feed (wheels, CA bundle).
 
-    The CA bundle goes to the build stage only (pip behind a TLS-intercepting proxy); no
-    final stage copies it, so it is not in the image.
+    The feed is not part of the context: the build fetches it from FEED_URL, so neither the
+    wheels nor the CA bundle are sent to the daemon or stored in a layer.
     """
     # Bad input is refused before anything is staged.
     for name in spec.vfleet_wheels:
@@ -350,20 +365,22 @@ def stage_context(
         raise VfleetError(
             "not a file", where=str(ca_bundle), key="--ca-bundle", fix="give a PEM file"
         )
-    src = IMAGES_DIR / spec.dockerfile_dir
     if out is None:
         # A folder of its own per build: two builds at once never share a context.
         STAGE_DIR.mkdir(parents=True, exist_ok=True)
         out = Path(tempfile.mkdtemp(prefix=f"{spec.dockerfile_dir}-", dir=STAGE_DIR))
-    ctx = out
-    if ctx.exists():
-        shutil.rmtree(ctx)
-    shutil.copytree(src, ctx)
+    if out.exists():
+        shutil.rmtree(out)
+    staged = Staged(root=out, context=out / "context", feed=out / "feed")
+    shutil.copytree(IMAGES_DIR / spec.dockerfile_dir, staged.context)
     shared = IMAGES_DIR / "common"
     if shared.is_dir():
-        shutil.copytree(shared, ctx / "common")
-    wheels = ctx / "wheels"
-    wheels.mkdir()
+        shutil.copytree(shared, staged.context / "common")
+    (staged.context / ".dockerignore").write_text(
+        "# staged by vfleet images build\n", encoding="utf-8"
+    )
+    wheels = staged.feed / "wheels"
+    wheels.mkdir(parents=True)
     for name in spec.vfleet_wheels:
         _link_or_copy(WHEELS_DIR / name, wheels / name)
     if wheelhouse is not None:
@@ -372,20 +389,46 @@ def stage_context(
             wanted = spec.from_wheelhouse is None or dist in spec.from_wheelhouse
             if wanted and not (wheels / whl.name).exists():
                 _link_or_copy(whl, wheels / whl.name)
-    ca = ctx / "ca"
-    ca.mkdir()
+    ca = staged.feed / "ca.crt"
     if ca_bundle is not None:
-        shutil.copy(ca_bundle, ca / "ca.crt")
-    (ctx / ".dockerignore").write_text("# staged by vfleet images build\n", encoding="utf-8")
-    return ctx
+        shutil.copy(ca_bundle, ca)
+    else:
+        ca.touch()
+    return staged
 
 
-def build_argv(spec: ImageSpec, ctx: Path, base_image: str, pip_index: str) -> list[str]:
+class _QuietFeedHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # pip's page and wheel fetches would drown the build's own output
+
+
+@contextlib.contextmanager
+def serve_feed(feed: Path) -> Iterator[str]:
+    """Serve `feed` on 127.0.0.1 (a free port) while the build runs: its base URL.
+
+    The build runs with `--network host`, so its RUN steps reach the host's loopback. This is
+    the classic builder's stand-in for BuildKit's RUN --mount: the files are read, not stored.
+    """
+    handler = functools.partial(_QuietFeedHandler, directory=str(feed))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, name="vfleet-feed", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def build_argv(
+    spec: ImageSpec, ctx: Path, base_image: str, pip_index: str, feed_url: str
+) -> list[str]:
     argv = ["docker", "build", "--network", "host", "--tag", spec.ref]
     args = dict(spec.build_args)
     args["BASE_IMAGE"] = base_image
     if spec.kind != "prometheus":
         args["PIP_INDEX"] = pip_index
+        args["FEED_URL"] = feed_url
     for k, v in args.items():
         argv += ["--build-arg", f"{k}={v}"]
     for k, v in spec.labels.items():
@@ -404,17 +447,25 @@ def build(
     pip_index: str | None = None,
     dry_run: bool = False,
 ) -> tuple[list[str], int]:
-    """Stage the context and run `docker build` (classic builder): (argv, exit status)."""
-    ctx = stage_context(spec, wheelhouse=wheelhouse, ca_bundle=ca_bundle)
+    """Stage the build and run `docker build` (classic builder): (argv, exit status)."""
+    staged = stage_context(spec, wheelhouse=wheelhouse, ca_bundle=ca_bundle)
     index = pip_index or ("offline" if wheelhouse is not None else "https://pypi.org/simple")
-    argv = build_argv(spec, ctx, base_image or conf.bases[spec.base_key], index)
+    base = base_image or conf.bases[spec.base_key]
     if dry_run:
-        return argv, 0  # the staged context stays, for a look
+        # The staged folder stays, for a look; the feed's port is chosen when it is served.
+        argv = build_argv(spec, staged.context, base, index, "http://127.0.0.1:PORT")
+        return argv, 0
     # BuildKit is not installable on every build machine (field notes): the classic builder
     # runs everywhere, which is why the Dockerfiles use no RUN --mount.
     env = dict(os.environ, DOCKER_BUILDKIT="0")
-    print(f"building {spec.ref} (context {ctx})", file=sys.stderr, flush=True)
     try:
-        return argv, subprocess.run(argv, env=env, check=False).returncode
+        with serve_feed(staged.feed) as feed_url:
+            argv = build_argv(spec, staged.context, base, index, feed_url)
+            print(
+                f"building {spec.ref} (context {staged.context}, wheels from {feed_url})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return argv, subprocess.run(argv, env=env, check=False).returncode
     finally:
-        shutil.rmtree(ctx, ignore_errors=True)
+        shutil.rmtree(staged.root, ignore_errors=True)

@@ -100,6 +100,14 @@ stop: venv ## stop the instance on HOST
 rollback: venv ## switch INSTANCE on HOST back to its previous release, restart, wait until warm
 	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/rollback.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
 
+.PHONY: swap
+swap: venv wheels ## move HOST (a host or group) to MODEL: canary first, gates, rollback and stop on failure
+	$(if $(filter command line environment,$(origin MODEL)),,$(error make swap needs MODEL=<preset> (the model to swap to)))
+	$(BIN)/vfleet swap $(HOST) --model $(MODEL) -i $(INVENTORY) \
+	  $(if $(filter command line environment,$(origin INSTANCE)),--instance $(INSTANCE)) \
+	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s)) \
+	  $(if $(SERIAL),--serial $(SERIAL))
+
 .PHONY: releases
 releases: venv ## the releases kept on HOST: current, previous, when, which model
 	$(BIN)/vfleet releases $(HOST) -i $(INVENTORY) --instance $(INSTANCE) \
@@ -159,8 +167,9 @@ $(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done: $(TOOLS)/venvs/vl
 # Debian packages the tests and the CPU profile need; installed when missing (as root).
 # debootstrap, systemd-container and openssh: the fleet tests' systemd-nspawn hosts.
 # docker.io and docker-compose: the images and `docker compose up` test (a private dockerd).
+# nginx-light: `vfleet balancer` (the swap's load balancer) and its test.
 DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++ prometheus \
-	debootstrap systemd-container openssh-client docker.io docker-compose
+	debootstrap systemd-container openssh-client docker.io docker-compose nginx-light
 
 .PHONY: deps
 deps: ## install the Debian packages the tests need (as root; checks only otherwise)
@@ -179,7 +188,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/yamllint -s .
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/vfleet images check
-	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml roles/vfleet roles/vfleet_prometheus
+	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml swap.yml roles/vfleet roles/vfleet_prometheus
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml
 	$(BIN)/vfleet prometheus rules --check

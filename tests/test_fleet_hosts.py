@@ -31,7 +31,7 @@ import yaml
 
 from vfleet.deploy_plan import plan
 
-from . import nspawn
+from . import loadgen, nspawn
 from .conftest import REPO, require_tools
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
@@ -39,6 +39,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
 API_KEY = "vfleet-test-key-7d1c0a9e"  # a marker string: it must never show up in clear
 MODEL = "tiny-hybrid-mtp"
 TIMINGS = REPO / "build" / "fleet-timings.json"
+VFLEET = str(REPO / ".venv" / "bin" / "vfleet")
 
 
 def free_port() -> int:
@@ -506,3 +507,163 @@ def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -
     # The other instance on the host never noticed.
     assert unit_show(node1)["ActiveState"] == "active"
     assert chat(node1.port)[0] == 200
+
+
+def swap(fleet: Fleet, *args: str, timeout: int = 1200) -> tuple[int, dict[str, Any], str]:
+    # The hosts share this machine's two cores: one load request and one watch generation per
+    # host every two seconds leave room for the new server's start (its compile is CPU-bound).
+    proc = subprocess.run(
+        [VFLEET, "swap", *args, "-i", str(fleet.inventory), "--json", "--interval", "2"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    with (fleet.logs / "swap.log").open("a") as out:
+        out.write(f"\n$ vfleet swap {' '.join(args)}\n{proc.stderr}\n{proc.stdout}\n")
+    report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc.returncode, report, proc.stderr
+
+
+BROKEN = "/opt/vfleet/models/broken"
+
+
+def broken_model(node: Node) -> None:
+    """A model that fails to load: the tiny model with its weights cut short."""
+    models = "/opt/vfleet/models"
+    node.host.run(
+        f"rm -rf {BROKEN} && cp -a {models}/{MODEL} {BROKEN} && "
+        f"for f in {BROKEN}/*.safetensors; do truncate -s 4096 $f; done"
+    )
+
+
+@pytest.fixture(scope="module")
+def lb(fleet: Fleet) -> Iterator[tuple[Path, str]]:
+    prefix = fleet.logs / "balancer"
+    listen = f"127.0.0.1:{free_port()}"
+    proc = subprocess.run(
+        [VFLEET, "balancer", "render", "cpu_fleet", "-i", str(fleet.inventory),
+         "--dir", str(prefix), "--listen", listen],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    start = subprocess.run(
+        [VFLEET, "balancer", "start", str(prefix)], capture_output=True, text=True, check=False
+    )
+    assert start.returncode == 0, start.stderr
+    try:
+        yield prefix, f"http://{listen}"
+    finally:
+        subprocess.run(
+            [VFLEET, "balancer", "stop", str(prefix)], capture_output=True, timeout=120, check=False
+        )
+
+
+def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, str]) -> None:
+    """Both hosts to another model, one at a time, behind nginx, with load throughout. Clients
+    keep the name they use (the alias is the name they called before): 0 failed requests."""
+    prefix, url = lb
+    load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
+    try:
+        time.sleep(20)
+        steady = load.summary(load.window(0, load.now()))
+        t0 = load.now()
+        rc, report, err = swap(
+            fleet, "cpu_fleet", "--model", "tiny-dense", "--set", f"served_model_name={MODEL}",
+            "--balancer", str(prefix), "--serial", "1,1",
+        )  # fmt: skip
+        during = load.summary(load.window(t0, load.now()))
+        time.sleep(10)
+        t1 = load.now()
+        time.sleep(20)
+        after = load.summary(load.window(t1, load.now()))
+    finally:
+        load.stop()
+    record("swap_fleet_behind_nginx", {"swap": report, "load_steady": steady,
+                                       "load_during": during, "load_after": after})  # fmt: skip
+    assert rc == 0, err[-3000:]
+    hosts = {h["host"]: h for h in report["hosts"]}
+    for name in ("node1", "node2"):
+        assert hosts[name]["outcome"] == f"swapped to tiny-dense as {MODEL}", hosts[name]
+        assert hosts[name]["downtime_s"] > 0  # each host was down while it swapped...
+    assert hosts["(balancer)"]["downtime_s"] == 0, hosts["(balancer)"]  # ...clients were not
+    assert steady["failed"] == 0 and steady["ok"] >= 5, steady
+    assert during["failed"] == 0 and during["ok"] >= 10, during
+    assert after["failed"] == 0 and after["ok"] >= 5, after
+    state = json.loads((prefix / "balancer.json").read_text())
+    assert [r["down"] for r in state["replicas"]] == [False, False]
+
+
+def test_broken_canary_is_rolled_back_and_the_rest_is_never_touched(
+    fleet: Fleet, lb: tuple[Path, str]
+) -> None:
+    prefix, url = lb
+    node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
+    broken_model(node1)
+    node2_release = _snapshot(node2)
+    load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
+    try:
+        rc, report, err = swap(
+            fleet, "cpu_fleet", "--model", MODEL, "--set", f"model_dir={BROKEN}",
+            "--set", f"served_model_name={MODEL}", "--balancer", str(prefix),
+        )  # fmt: skip
+    finally:
+        load.stop()
+    total = load.summary(load.requests)
+    record("swap_fleet_broken_canary", {"swap": report, "load": total})
+    assert rc == 1, err[-3000:]
+    assert "swap of node1 to tiny-hybrid-mtp failed at" in err
+    hosts = {h["host"]: h for h in report["hosts"]}
+    assert f"back on tiny-dense as {MODEL} (previous release), serving" in hosts["node1"]["outcome"]
+    assert hosts["node2"]["recap"] is None and "not touched" in hosts["node2"]["outcome"]
+    assert hosts["node2"]["downtime_s"] == 0 and hosts["(balancer)"]["downtime_s"] == 0
+    assert _snapshot(node2) == node2_release
+    assert total["failed"] == 0 and total["ok"] >= 10, total
+    state = json.loads((prefix / "balancer.json").read_text())
+    assert [r["down"] for r in state["replicas"]] == [False, False]  # node1 re-admitted
+
+
+def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: Fleet) -> None:
+    """One box, no spare capacity: stop -> start -> gate. Load runs throughout (bounded); the
+    swap's own watcher and the load both measure the downtime. Then a model whose weights
+    fail to load: the gate fails, the host goes back to the previous release and serves.
+    (node1 serves tiny-dense under the alias tiny-hybrid-mtp after the fleet swap above.)"""
+    node1 = fleet.nodes["node1"]
+    load = loadgen.Load(
+        f"http://127.0.0.1:{node1.port}", API_KEY, rate=1.0, max_requests=3000, limit_s=1500
+    ).start()
+    try:
+        time.sleep(15)
+        steady = load.summary(load.window(0, load.now()))
+        assert steady["ok"] >= 3 and steady["failed"] == 0, steady
+        t0 = load.now()
+        rc, report, err = swap(fleet, "node1", "--model", MODEL)
+        swapped = report.get("hosts", [{}])[0]
+        assert rc == 0, err[-3000:]
+        assert (swapped["weights_before"], swapped["weights_after"]) == ("tiny-dense", MODEL)
+        assert swapped["outcome"] == f"swapped to {MODEL}", swapped
+        # A single box has no spare capacity: the swap costs downtime, and says how much.
+        assert swapped["downtime_s"] > 0 and len(swapped["outages"]) >= 1, swapped
+        during = load.summary(load.window(t0, load.now()))
+        record("swap_single_box", {"swap": report, "load_steady": steady, "load_during": during,
+                                   "load_longest_gap_s": round(load.downtime(), 1)})  # fmt: skip
+        assert during["ok"] >= 1 and during["failed"] >= 1, during  # down, then up again
+
+        # The new release cannot load its weights: back to the previous one, still serving.
+        broken_model(node1)
+        t1 = load.now()
+        to_broken = ["--model", "tiny-dense", "--set", f"model_dir={BROKEN}"]
+        rc, report, err = swap(fleet, "node1", *to_broken)
+        back = report.get("hosts", [{}])[0]
+        assert rc == 1, err[-3000:]
+        assert 'swap of node1 to tiny-dense failed at "' in err, err[-3000:]
+        assert "The previous release was restored" in err
+        assert back["weights_before"] == MODEL and back["weights_after"] == MODEL, back
+        assert f"back on {MODEL} (previous release), serving" in back["outcome"], back
+        rolled = load.summary(load.window(t1, load.now()))
+        record("swap_single_box_broken", {"swap": report, "load": rolled})
+        assert unit_show(node1)["ActiveState"] == "active"
+    finally:
+        load.stop()
+    total = load.summary(load.requests)
+    assert total["ok"] > total["failed"] >= 1, total

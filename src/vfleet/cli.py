@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .balancer import add_parser as add_balancer_parser
 from .benchmark.cli import add_parser as add_bench_parser
 from .compile import Launch, resolve
 from .config import HostVars
@@ -26,6 +27,7 @@ from .releases import add_parser as add_releases_parser
 from .render import release_id, render_files, write_atomic
 from .rules import RULES
 from .status import add_parser as add_status_parser
+from .swap import add_parser as add_swap_parser
 
 EPILOG = """\
 examples:
@@ -605,6 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(sub)
     add_doctor_parser(sub)
     add_releases_parser(sub)
+    add_swap_parser(sub)
+    add_balancer_parser(sub)
     add_bench_parser(sub)
     add_container_parsers(sub, _deployment_args, _launch)
     return p

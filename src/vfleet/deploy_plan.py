@@ -121,6 +121,8 @@ def plan(
         "port": launch.port,
         "url": probe_config(launch)["url"],
         "served_model_name": launch.served_model_name,
+        # vLLM drains in-flight requests this long on SIGTERM (the "drain" rule).
+        "shutdown_timeout_s": int(launch.ctx.d["shutdown_timeout_s"]),
         "sidecar": {
             "port": launch.ctx.d["sidecar_port"],
             "url": f"http://{local_host(launch)}:{launch.ctx.d['sidecar_port']}",

@@ -1350,9 +1350,8 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     return counts["exit"]
 
 
-def host_args(p: argparse.ArgumentParser) -> None:
-    """HOST and how its instance was deployed: shared by doctor, releases and rollback."""
-    p.add_argument("host", metavar="HOST", help="inventory host name (e.g. localhost)")
+def inventory_arg(p: argparse.ArgumentParser) -> None:
+    """-i INVENTORY, as every command that reads the inventory takes it."""
     p.add_argument(
         "-i",
         "--inventory",
@@ -1360,6 +1359,12 @@ def host_args(p: argparse.ArgumentParser) -> None:
         metavar="INVENTORY",
         help="Ansible inventory (default: the repository's ansible/inventory/local.yml)",
     )
+
+
+def host_args(p: argparse.ArgumentParser) -> None:
+    """HOST and how its instance was deployed: shared by doctor, releases and rollback."""
+    p.add_argument("host", metavar="HOST", help="inventory host name (e.g. localhost)")
+    inventory_arg(p)
     p.add_argument("-p", "--profile", help="hardware profile (default: vfleet_profile, cpu)")
     p.add_argument("-m", "--model", help="model preset (default: vfleet_model, tiny-hybrid-mtp)")
     p.add_argument("--instance", metavar="NAME", help="instance (default: vfleet_instance, main)")

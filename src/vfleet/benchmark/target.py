@@ -98,7 +98,7 @@ def host_summary(facts: dict[str, Any]) -> dict[str, Any]:
 def resolve(a: argparse.Namespace) -> HostTarget:
     """The URL (tunnelled if needed) and release manifest of the host's instance."""
     from ..doctor import host_plan, request
-    from ..remote import host_vars, literal, run_hostfacts, ssh_argv
+    from ..remote import host_vars, run_hostfacts
 
     hv = host_vars(a.inventory, a.host)
     plan, python = host_plan(a, hv)
@@ -106,11 +106,24 @@ def resolve(a: argparse.Namespace) -> HostTarget:
     manifest = next(f["content"] for f in plan["files"] if f["name"] == "release.json")
     release: dict[str, Any] = json.loads(manifest)
     source = f"inventory host {a.host}, instance {plan['instance']} (release {plan['release_id']})"
-    if str(literal(hv, "ansible_connection", a.host)) == "local":
-        return HostTarget(plan["url"], release, source, host)
-    address = str(literal(hv, "ansible_host", a.host) or a.host)
-    listen = str(plan["listen_host"])
-    if listen in LOOPBACK:
-        url, proc = _open_tunnel(ssh_argv(a.host, hv), "127.0.0.1", int(plan["port"]), a.host)
-        return HostTarget(url, release, f"{source}, through an ssh tunnel", host, proc)
-    return HostTarget(f"http://{address}:{plan['port']}", release, source, host)
+    url, tunnel, how = endpoint(a.host, hv, plan)
+    return HostTarget(url, release, source + how, host, tunnel)
+
+
+def endpoint(
+    host: str, hv: dict[str, Any], plan: dict[str, Any]
+) -> tuple[str, subprocess.Popen[bytes] | None, str]:
+    """Where this machine reaches the instance: (url, the ssh tunnel if one was opened, how).
+
+    vLLM listens on loopback by default: a remote host's instance is then reached through an
+    SSH tunnel (the inventory's user, port and key), which the caller closes.
+    """
+    from ..remote import literal, ssh_argv
+
+    if str(literal(hv, "ansible_connection", host)) == "local":
+        return str(plan["url"]), None, ""
+    address = str(literal(hv, "ansible_host", host) or host)
+    if str(plan["listen_host"]) in LOOPBACK:
+        url, proc = _open_tunnel(ssh_argv(host, hv), "127.0.0.1", int(plan["port"]), host)
+        return url, proc, ", through an ssh tunnel"
+    return f"http://{address}:{plan['port']}", None, ""

@@ -113,10 +113,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     record("setup_root_and_wheels_s", round(time.monotonic() - t0, 1))
     key = nspawn.make_key(tmp)
     nodes: dict[str, Node] = {}
-    for name in ("node1", "node2"):
+    for core, name in enumerate(("node1", "node2")):
         host = nspawn.make_host(base, tmp, name, free_port(), key, binds=[f"{wheels}:/wh"])
         port = free_port()
         sets = [f"port={port}", f"sidecar_port={free_port()}", f"api_key={API_KEY}"]
+        # The two hosts share this machine's cores. vLLM's CPU worker binds core 0 by default
+        # and spins while it serves: a second host's new server bound there too starved (seen:
+        # a swap's engine made no progress for 300 s beside the other host under load). On
+        # real hosts each has its own cores.
+        sets.append(f"extra_env.VLLM_CPU_OMP_THREADS_BIND={core}")
         nodes[name] = Node(host, port, sets)
     inventory = tmp / "inventory.yml"
     inventory.write_text(

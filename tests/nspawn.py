@@ -8,6 +8,7 @@ never written into the project. See docs/field-notes.md ("Real hosts and process
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -216,14 +217,24 @@ class Host:
         """Power off; a test host need not drain its vLLM, so SIGKILL follows soon."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        # systemd-nspawn turns SIGTERM into an orderly poweroff of the container; SIGKILL
-        # ends its PID namespace and every process in it.
+        # The container's init, in the host's PID numbering: SIGKILL to it ends the container's
+        # PID namespace and every process in it. Killing systemd-nspawn alone does not (seen:
+        # an interrupted run left a container's systemd and vLLM running under PID 1).
+        try:
+            init = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            init = []
+        # systemd-nspawn turns SIGTERM into an orderly poweroff of the container.
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        finally:
+            for pid in init:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
 
 
 SSH_OPTIONS = [

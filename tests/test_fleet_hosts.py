@@ -165,8 +165,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             n.host.boot(tmp / f"{n.host.name}.console.log")
         yield Fleet(inventory, nodes, tmp)
     finally:
+        # Every host is stopped even when stopping one is interrupted.
         for n in nodes.values():
-            n.host.shutdown()
+            try:
+                n.host.shutdown()
+            except BaseException:  # a ^C during one host's stop must not leave it up
+                n.host.shutdown(timeout=1)
         for n in nodes.values():
             shutil.rmtree(n.host.root, ignore_errors=True)
 

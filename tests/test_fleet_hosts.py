@@ -661,11 +661,12 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         # The new release cannot load its weights: back to the previous one, still serving.
         broken_model(node1)
         t1 = load.now()
-        to_broken = ["--model", "tiny-dense", "--set", f"model_dir={BROKEN}"]
+        # Weights of the same architecture (else preflight stops it and nothing changes).
+        to_broken = ["--model", MODEL, "--set", f"model_dir={BROKEN}"]
         rc, report, err = swap(fleet, "node1", *to_broken)
         back = report.get("hosts", [{}])[0]
         assert rc == 1, err[-3000:]
-        assert 'swap of node1 to tiny-dense failed at "' in err, err[-3000:]
+        assert f'swap of node1 to {MODEL} failed at "' in err, err[-3000:]
         assert "The previous release was restored" in err
         assert back["weights_before"] == MODEL and back["weights_after"] == MODEL, back
         assert f"back on {MODEL} (previous release), serving" in back["outcome"], back

@@ -175,3 +175,10 @@ def test_replicas_listening_on_their_own_loopback_are_refused(cli, tmp_path: Pat
     assert "box1's vLLM listens on 127.0.0.1: a balancer elsewhere cannot reach it" in res.err
     assert "host=0.0.0.0" in res.err
     assert not (tmp_path / "lb" / "nginx.conf").exists()
+
+
+def test_drain_without_a_balancer_is_refused_and_writes_nothing(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    where = tmp_path / "none"
+    res = cli("balancer", "drain", str(where), "a")
+    assert res.rc == 2 and "no balancer here" in res.err and "render" in res.err
+    assert not where.exists()

@@ -186,6 +186,7 @@ def running_pid(prefix: Path) -> int | None:
 
 
 def set_down(prefix: Path, host: str, down: bool) -> dict[str, Any]:
+    load(prefix)  # no balancer there: refused before the lock creates anything
     with locked(prefix):
         state = load(prefix)
         names = [r["host"] for r in state["replicas"]]

@@ -73,6 +73,9 @@ SLOW_FIRST = (
     "test_e2e_deploy.py",
     "test_compose_e2e.py",
     "test_planner_vllm.py",
+    # After the compose test on the same worker: its hosts' two venvs (~8 GB) then use the
+    # disk the compose test gave back (CI prunes its images).
+    "test_fleet_hosts.py",
     "test_observability_e2e.py",
     "test_plugin_vllm.py",
     "test_vllm_parse.py",

@@ -205,3 +205,37 @@ def test_auto_memory_refuses_what_cannot_fit() -> None:
     with pytest.raises(Refused) as exc:
         resolve("4x2080ti-22g", "qwen3.6-27b-fp8", sets=["tensor_parallel_size=1"])
     assert "rule auto-memory" in str(exc.value) and "vfleet plan" in str(exc.value)
+
+
+def test_two_replicas_on_a_4_gpu_box_each_get_one_tp_pair() -> None:
+    """The two-replica layout: two TP=2 instances, one per GPU pair, on one box."""
+    for gpus, visible in (("[0,1]", "0,1"), ("[2,3]", "2,3")):
+        sets = (f"gpus={gpus}",)
+        assert vals("4x2080ti-22g", "qwen3.6-27b-awq-int4", *sets)["tensor-parallel-size"] == 2
+        assert env("4x2080ti-22g", "qwen3.6-27b-awq-int4", *sets)["CUDA_VISIBLE_DEVICES"] == visible
+    assert "CUDA_VISIBLE_DEVICES" not in env("4x2080ti-22g", "qwen3.6-27b-awq-int4")
+
+
+@pytest.mark.parametrize(
+    ("profile", "sets", "says"),
+    [
+        ("4x2080ti-22g", ["gpus=[3,4]"], "[4] not distinct GPU indices of the profile's 4 GPUs"),
+        ("4x2080ti-22g", ["gpus=[1,1]"], "[1] not distinct"),
+        ("4x2080ti-22g", ["gpus=[0,1]", "tensor_parallel_size=4"], "but 2 gpus [0, 1]"),
+        ("4x2080ti-22g", ["cpu_cores=0-3"], "remove cpu_cores"),
+        ("cpu", ["gpus=[0]"], "the cpu profile has no GPUs"),
+    ],
+)
+def test_devices_that_do_not_fit_the_box_are_refused(
+    profile: str, sets: list[str], says: str
+) -> None:
+    model = "tiny-dense" if profile == "cpu" else "qwen3.6-27b-awq-int4"
+    with pytest.raises(Refused) as exc:
+        resolve(profile, model, sets=sets)
+    assert says in str(exc.value) and "rule device-fits-profile" in str(exc.value)
+
+
+def test_cpu_instances_bind_the_cores_they_are_given() -> None:
+    assert env("cpu", "tiny-dense", "cpu_cores=1")["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert env("cpu", "tiny-dense", "cpu_cores=2-3")["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env("cpu", "tiny-dense")

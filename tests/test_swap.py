@@ -68,6 +68,22 @@ def test_recap_is_read_per_host() -> None:
     assert swap.parse_recap("no recap at all") == {}
 
 
+def test_why_is_the_last_fatal_message_per_host() -> None:
+    out = (
+        RECAP_OUT
+        + 'fatal: [node2 -> localhost]: FAILED! => {"msg": "first"}\n'
+        + "fatal: [node3]: UNREACHABLE! => "
+        + '{"changed": false, "msg": "Failed to connect to the host via ssh: ssh: connect to '
+        + 'host 127.0.0.1 port 2222: Connection refused", "unreachable": true}\n'
+        + "fatal: [node2]: FAILED! => not json\n"
+    )
+    why = swap.host_errors(out)
+    assert why["node1"] == "swap of node1 ..."
+    assert why["node2"] == "not json"
+    assert why["node3"].startswith("unreachable: Failed to connect to the host via ssh")
+    assert swap.host_errors("ok: [node1]") == {}
+
+
 @pytest.mark.parametrize(
     ("recap", "before", "after", "says"),
     [

@@ -231,6 +231,11 @@ class ServeSettings(Strict):
     model_dir: str | None = None
     api_key: SecretStr | None = None
     tensor_parallel_size: int | None = Field(None, ge=1)
+    # Which of the box's devices this instance uses, so that two instances share one host
+    # (the 4-GPU two-replica layout): GPU indices as nvidia-smi numbers them, or on the cpu
+    # profile the cores its engine binds ("0-3", "0,2").
+    gpus: list[int] | None = Field(None, min_length=1)
+    cpu_cores: str | None = Field(None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float32"] | None = None
     max_model_len: int | None = Field(None, ge=16)
     max_num_seqs: int | None = Field(None, ge=1)
@@ -279,6 +284,12 @@ class ServeSettings(Strict):
                 for k, x in v.items()
             }
         return v
+
+    @field_validator("cpu_cores", mode="before")
+    @classmethod
+    def _cores_as_text(cls, v: Any) -> Any:
+        # `--set cpu_cores=1` and `cpu_cores: 1` in YAML arrive as a number.
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("extra_args")
     @classmethod

@@ -216,9 +216,29 @@ def _device(c: Ctx) -> None:
                 "the cpu profile needs kv_space_gib (VLLM_CPU_KVCACHE_SPACE)",
                 "set kv_space_gib: 1 (GiB)",
             )
+        if c.s.gpus is not None:
+            c.refuse("the cpu profile has no GPUs", "remove gpus; cpu_cores picks cores")
         return
+    if c.s.cpu_cores is not None:
+        c.refuse(
+            "cpu_cores binds the CPU build's engine threads; a GPU profile has no use for it",
+            "remove cpu_cores (gpus picks the GPUs)",
+        )
     count = c.profile.accelerator.count
-    tp = c.s.tensor_parallel_size or count
+    gpus = c.s.gpus
+    if gpus is not None:
+        bad = sorted({g for g in gpus if g >= count} | {g for g in gpus if gpus.count(g) > 1})
+        if bad:
+            c.refuse(
+                f"gpus {gpus}: {bad} not distinct GPU indices of the profile's {count} GPUs",
+                f"list distinct indices from 0 to {count - 1}, e.g. gpus: [0, 1]",
+            )
+        if c.s.tensor_parallel_size not in (None, len(gpus)):
+            c.refuse(
+                f"tensor_parallel_size {c.s.tensor_parallel_size} but {len(gpus)} gpus {gpus}",
+                f"list {c.s.tensor_parallel_size} GPUs, or leave tensor_parallel_size out",
+            )
+    tp = c.s.tensor_parallel_size or (len(gpus) if gpus else count)
     if tp > count:
         c.refuse(
             f"tensor_parallel_size {tp} exceeds the profile's {count} GPUs",
@@ -234,6 +254,30 @@ def _device(c: Ctx) -> None:
             "use a tensor_parallel_size that divides the head counts",
         )
     c.d["tp"] = tp
+
+
+@rule(
+    "devices",
+    SEED_TURBO3 + "; " + COMMUNITY,
+    "pin an instance to its GPUs or cores, so that two instances share a box",
+)
+def _devices(c: Ctx) -> None:
+    if c.is_cpu:
+        if c.s.cpu_cores is not None:
+            c.setenv(
+                "VLLM_CPU_OMP_THREADS_BIND",
+                c.s.cpu_cores,
+                "the engine's threads on these cores only: vLLM's default binds the same "
+                "first core in every instance on the box",
+            )
+        return
+    if c.s.gpus is not None:
+        c.setenv(
+            "CUDA_VISIBLE_DEVICES",
+            ",".join(map(str, c.s.gpus)),
+            f"this instance's GPUs (nvidia-smi numbering, CUDA_DEVICE_ORDER=PCI_BUS_ID): "
+            f"one TP group of {len(c.s.gpus)}; another instance may hold the rest",
+        )
 
 
 @rule("tensor-parallel", SEED_SYSTEMD, "split the model over the profile's GPUs")

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.error
@@ -150,6 +151,8 @@ class HostReport:
     downtime_s: float = 0.0
     outages: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = ""
+    why: str | None = None  # the playbook's message for a failed or unreachable host
+    left_drained: bool = False  # still out of the balancer when the swap ended
 
     @property
     def still_down(self) -> bool:
@@ -170,6 +173,28 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
     return out
 
 
+FATAL = re.compile(r"^fatal: \[([^\]]+)\](?: -> [^:]+)?: (FAILED|UNREACHABLE)! => (.*)$")
+
+
+def host_errors(output: str) -> dict[str, str]:
+    """The last `fatal:` message per host: why it failed or could not be reached.
+
+    The swap's own "Stop the rollout" message wins over the failed task it reports on; an
+    unreachable host has no rescue, so its ssh error is the reason."""
+    out: dict[str, str] = {}
+    for line in output.splitlines():
+        m = FATAL.match(line.strip())
+        if not m:
+            continue
+        host, kind, rest = m.groups()
+        try:
+            msg = str(json.loads(rest).get("msg", rest))
+        except (json.JSONDecodeError, AttributeError):
+            msg = rest
+        out[host] = ("unreachable: " if kind == "UNREACHABLE" else "") + " ".join(msg.split())
+    return out
+
+
 def outcome(r: HostReport) -> str:
     if r.host == BALANCER:
         return "what clients saw: " + ("serving" if r.model_after else "NOT serving at the end")
@@ -177,7 +202,7 @@ def outcome(r: HostReport) -> str:
         return "not touched: the rollout stopped before its batch"
     serving = r.model_after is not None
     if r.recap.get("unreachable"):
-        return "unreachable: the rollout stopped"
+        return "lost (unreachable) during its swap: the rollout stopped; see why"
     if r.recap.get("failed"):
         if serving and (r.model_after, r.weights_after) == (r.model_before, r.weights_before):
             now = _shown(r.model_after, r.weights_after)
@@ -212,6 +237,9 @@ def report_text(reports: list[HostReport], rc: int, seconds: float) -> str:
     lines = ["", f"swap {'done' if rc == 0 else 'STOPPED'} in {seconds:.0f} s"]
     for row in (head, *rows):
         lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip())
+    for r in reports:
+        if r.why:
+            lines.append(f"why {r.host}: {textwrap.shorten(r.why, 400)}")
     return "\n".join(lines)
 
 
@@ -399,6 +427,12 @@ def _run(a: argparse.Namespace, argv: list[str], targets: list[Target]) -> int:
     for w in watchers:
         w.join(timeout=60)
     recaps = parse_recap("".join(seen))
+    errors = host_errors("".join(seen))
+    drained: set[str] = set()
+    if a.balancer:
+        from .balancer import load
+
+        drained = {x["host"] for x in load(Path(a.balancer).resolve())["replicas"] if x["down"]}
     reports = []
     for (r, _key), w in zip(targets, watchers, strict=True):
         ok = [s for s in w.samples if s.ok]
@@ -407,10 +441,12 @@ def _run(a: argparse.Namespace, argv: list[str], targets: list[Target]) -> int:
         r.model_before, r.weights_before = (first.model, first.weights) if first else (None, None)
         r.model_after, r.weights_after = (last.model, last.weights) if last else (None, None)
         r.recap = recaps.get(r.host)
+        r.why = errors.get(r.host)
+        r.left_drained = r.host in drained
         found = outages(w.samples)
         r.outages = [asdict(o) | {"seconds": round(o.seconds, 1)} for o in found]
         r.downtime_s = round(sum(o.seconds for o in found), 1)
-        r.outcome = outcome(r)
+        r.outcome = outcome(r) + ("; left drained in the balancer" if r.left_drained else "")
         reports.append(r)
     seconds = time.monotonic() - t0
     if a.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import os
 import re
 import socket
 import sys
@@ -199,6 +200,7 @@ def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> 
         "vllm_version",
         "metrics_table",
         "release",
+        "release_since",
         "started_at",
         "uptime_seconds",
         "window_seconds",
@@ -415,6 +417,48 @@ def test_discovers_the_instances_deployed_under_base_dir(
     table = status("--base-dir", str(tmp_path))
     assert re.search(r"^\s+main$", table.out.splitlines()[0])
     assert re.search(r"^release\s+abc123$", table.out, re.M)
+
+
+def test_release_since_is_when_current_was_switched(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    _deploy(tmp_path, vllm.url)
+    switched = datetime(2026, 11, 30, 7, 0, 5, tzinfo=UTC).timestamp()
+    os.utime(tmp_path / "instances/main/current", (switched, switched), follow_symlinks=False)
+    [o] = as_json(status("--base-dir", str(tmp_path), "--json"))
+    assert o["release_since"] == "2026-11-30T07:00:05+00:00"
+    table = status("--base-dir", str(tmp_path)).out
+    assert re.search(r"^release since \(UTC\)\s+2026-11-30 07:00:05$", table, re.M)
+
+
+def test_hosts_of_an_inventory_are_read_per_host(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    """`--hosts GROUP -i INV`: each host's release and since when, read the way it is read over
+    ssh (here `ansible_connection: local`); a host ssh cannot reach is a down column that says
+    why, and the others are still read."""
+    port = int(vllm.url.rsplit(":", 1)[1])
+    _deploy(tmp_path, vllm.url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "all:\n  children:\n    boxes:\n      hosts:\n"
+        f"        here: {{ansible_connection: local, vfleet_set: [port={port}]}}\n"
+        f"        gone: {{ansible_host: 127.0.0.1, ansible_port: {closed}}}\n"
+        f"  vars: {{vfleet_base_dir: '{tmp_path}', vfleet_profile: cpu, "
+        "vfleet_model: tiny-hybrid-mtp}\n"
+    )
+    r = status("--hosts", "boxes", "-i", str(inventory), "--json", "--interval", "1")
+    assert r.rc == 1, r.err  # one host down
+    here, gone = as_json(r)
+    assert (here["target"], here["up"], here["release"]) == ("here", True, "abc123"), here
+    assert here["model_name"] == "tiny-hybrid-mtp" and here["release_since"] is not None
+    assert (gone["target"], gone["up"], gone["reason"]) == ("gone", False, "ssh"), gone
+    assert "cannot read" in gone["error"] and "gone" in gone["error"]
+    both = status("--hosts", "boxes", "-i", str(inventory), "http://127.0.0.1:1")
+    assert both.rc == 2 and "TARGET and --hosts together" in both.err
 
 
 def test_a_url_served_by_a_local_instance_gets_its_identity(

@@ -12,6 +12,8 @@ import argparse
 import json
 import math
 import re
+import shlex
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -52,6 +54,9 @@ Targets are read concurrently; a down target does not stop the others.
 TARGET is a vLLM base URL (http://127.0.0.1:8000), or HOST:PORT (127.0.0.1:8000, :8000 for
 localhost). Without TARGET, the instances deployed on this host are read: every
 BASE_DIR/instances/*/current/sidecar.json names its vLLM URL, model, versions and release.
+With --hosts and -i, each inventory host's instance is read the same way over ssh (its vLLM
+through an ssh tunnel when it listens on the host's loopback): per host, model, release and
+since when it serves.
 """
 
 EPILOG = """\
@@ -65,6 +70,7 @@ computed from this interval (no traffic, no speculative decoding), JSON null:
   vLLM                      vLLM version (vLLM's /version, else sidecar.json); selects the
                             metric-name table
   release                   deployed release id (the folder `current` points to)
+  release since (UTC)       when `current` was switched to it (deploy, swap or rollback)
   started (UTC), uptime     when the vLLM process started (process_start_time_seconds)
   requests running/waiting  requests in the engine / queued for it (second read)
   KV cache usage (%)        KV cache blocks in use (second read)
@@ -88,6 +94,7 @@ examples:
   vfleet status http://127.0.0.1:8000 gpu-box-2:8000 --interval 10
   vfleet status :8000 --json | jq '.[0].spec_decode_acceptance_rate'
   vfleet status :8000 --explain              # which vLLM series each figure comes from
+  vfleet status --hosts gpu_2080ti -i ansible/inventory/example-fleet   # per host, over ssh
 """
 
 
@@ -101,6 +108,8 @@ class Target:
     instance: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # sidecar.json identity labels
     info: dict[str, str] = field(default_factory=dict)  # versions, release
+    since: float | None = None  # when `current` was last switched (a deploy or rollback)
+    error: str | None = None  # the host could not be asked (ssh), so nothing was read
 
 
 def base_url(text: str) -> str:
@@ -165,8 +174,55 @@ def discover(base_dir: Path, *, strict: bool) -> list[Target]:
             ) from None
         # Identity names the release only under releases/; a hand-made `current` still has one.
         identity.info.setdefault("release", path.resolve().parent.name)
-        out.append(Target(url, folder.name, folder.name, identity.labels, identity.info))
+        since = (folder / "current").lstat().st_mtime
+        out.append(Target(url, folder.name, folder.name, identity.labels, identity.info, since))
     return out
+
+
+# `current` (a symlink) is replaced when a deploy or rollback switches release: its own mtime
+# says since when the release serves. One ssh round trip per host.
+_REMOTE_READ = 'readlink "$1" && stat -c %Y "$1" && cat "$1/sidecar.json"'
+
+
+def inventory_targets(
+    inventory: str, pattern: str, instance: str | None
+) -> tuple[list[Target], list[subprocess.Popen[bytes]]]:
+    """Each inventory host's instance as a target: its release and since when, read over ssh,
+    and its vLLM through an ssh tunnel where it listens on the host's loopback."""
+    from .benchmark.target import endpoint
+    from .doctor import host_plan
+    from .remote import become, host_vars, literal, ssh_argv
+    from .swap import host_namespace, hosts_of
+
+    targets: list[Target] = []
+    tunnels: list[subprocess.Popen[bytes]] = []
+    for host in hosts_of(inventory, pattern):
+        hv = host_vars(inventory, host)
+        plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
+        current = str(plan["dirs"]["current"])
+        name = host if plan["instance"] == "main" else f"{host}/{plan['instance']}"
+        argv = [*become(hv, host), "sh", "-c", _REMOTE_READ, "sh", current]
+        if str(literal(hv, "ansible_connection", host)) != "local":
+            argv = [*ssh_argv(host, hv), shlex.join(argv)]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+            lines = r.stdout.split("\n", 2)
+            if r.returncode != 0 or len(lines) < 3:
+                raise ValueError((r.stderr.strip() or r.stdout.strip())[-300:] or "no output")
+            data = json.loads(lines[2])
+            labels = {str(k): str(v) for k, v in data.get("labels", {}).items()}
+            info = {str(k): str(v) for k, v in data.get("info", {}).items()}
+            info.setdefault("release", Path(lines[0].strip()).name)
+            url, tunnel, _how = endpoint(host, hv, plan)
+        except (OSError, ValueError, subprocess.TimeoutExpired, VfleetError) as exc:
+            why = f"cannot read {current} on {host}: {exc}"
+            targets.append(Target(f"ssh://{host}", name, plan["instance"], error=why))
+            continue
+        if tunnel is not None:
+            tunnels.append(tunnel)
+        since = float(lines[1])
+        targets.append(Target(url, name, str(plan["instance"]), labels, info, since))
+    return targets, tunnels
 
 
 def resolve_targets(texts: list[str], base_dir: Path) -> list[Target]:
@@ -241,6 +297,9 @@ def _whole_lines(text: str) -> str:
 def read(target: Target, interval: float, timeout: float) -> Reading:
     """Read one target twice, ``interval`` seconds apart. Never raises."""
     r = Reading(target, model_name=target.labels.get("model_name"))
+    if target.error is not None:
+        r.reason, r.error = "ssh", target.error
+        return r
     metrics = target.url + "/metrics"
     try:
         first = fetch(metrics, timeout)
@@ -305,11 +364,8 @@ def as_json(r: Reading, now: float) -> dict[str, Any]:
         "vllm_version": r.vllm_version,
         "metrics_table": r.metrics_table,
         "release": r.target.info.get("release"),
-        "started_at": (
-            datetime.fromtimestamp(r.started, UTC).isoformat(timespec="seconds")
-            if r.started is not None
-            else None
-        ),
+        "release_since": _iso(r.target.since),
+        "started_at": _iso(r.started),
         # A negative age means the clocks disagree: unknowable, not 0.
         "uptime_seconds": uptime if uptime is not None and uptime >= 0 else None,
         "window_seconds": f.window_seconds,
@@ -325,6 +381,10 @@ def as_json(r: Reading, now: float) -> dict[str, Any]:
     out["baseline_decode_tokens_per_second"] = _baseline_decode(r.target)
     out["warnings"] = r.warnings
     return out
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 def _baseline_decode(target: Target) -> dict[str, Any] | None:
@@ -389,6 +449,7 @@ ROWS: list[tuple[str, str, Format | None]] = [
     ("model", "model_name", _text),
     ("vLLM", "vllm_version", _text),
     ("release", "release", _text),
+    ("release since (UTC)", "release_since", _started),
     ("started (UTC)", "started_at", _started),
     ("uptime", "uptime_seconds", _age),
     ("requests running", "requests_running", _num(".0f")),
@@ -487,6 +548,8 @@ def _timeout(text: str) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .doctor import inventory_arg
+
     p = sub.add_parser(
         "status",
         help="live figures of vLLM servers (decode speed, acceptance, latency), no Prometheus",
@@ -500,6 +563,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="TARGET",
         help="vLLM base URL or HOST:PORT (default: the instances under --base-dir)",
     )
+    p.add_argument(
+        "--hosts",
+        metavar="PATTERN",
+        help="inventory hosts or a group (with -i): each host's instance, its release and "
+        "since when it serves, read over ssh; vLLM through an ssh tunnel when on loopback",
+    )
+    inventory_arg(p)
+    p.add_argument("--instance", metavar="NAME", help="with --hosts: this instance on each")
     p.add_argument(
         "--base-dir",
         default=HostVars().base_dir,
@@ -537,8 +608,20 @@ def cmd_status(a: argparse.Namespace) -> int:
             where="vfleet status",
             fix="pip install -e ./healthcheck (`make venv` does)",
         )
-    targets = resolve_targets(list(a.targets), Path(a.base_dir).expanduser())
-    readings = read_all(targets, a.interval, a.timeout)
+    tunnels: list[subprocess.Popen[bytes]] = []
+    try:
+        if a.hosts:
+            if a.targets:
+                raise VfleetError(
+                    "TARGET and --hosts together", key="--hosts", fix="give one or the other"
+                )
+            targets, tunnels = inventory_targets(a.inventory, a.hosts, a.instance)
+        else:
+            targets = resolve_targets(list(a.targets), Path(a.base_dir).expanduser())
+        readings = read_all(targets, a.interval, a.timeout)
+    finally:
+        for t in tunnels:
+            t.terminate()
     now = time.time()
     objs = [as_json(r, now) for r in readings]
     if a.json:

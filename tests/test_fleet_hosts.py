@@ -28,6 +28,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -380,6 +381,27 @@ def test_doctor_over_ssh_sees_no_drift_then_names_a_pending_change(fleet: Fleet)
     rc, report = doctor(fleet, "node2")
     service = [f for f in report["findings"] if f["check"] == "service"]
     assert service and service[0]["status"] == "ok" and "pm2" in service[0]["message"], service
+
+
+@pytest.mark.fleet_ci
+def test_status_per_host_names_model_release_and_since_when(fleet: Fleet) -> None:
+    """`vfleet status --hosts cpu_fleet`: each host's instance over ssh (vLLM through a tunnel)."""
+    proc = subprocess.run(
+        [VFLEET, "status", "--hosts", "cpu_fleet", "-i", str(fleet.inventory), "--json",
+         "--interval", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {o["target"]: o for o in json.loads(proc.stdout)}
+    assert set(rows) == set(fleet.nodes)
+    for name, node in fleet.nodes.items():
+        o = rows[name]
+        current = node.host.run("readlink /opt/vfleet/instances/main/current").stdout.strip()
+        switched = int(node.host.run("stat -c %Y /opt/vfleet/instances/main/current").stdout)
+        assert o["up"] and o["model_name"] == MODEL, o
+        assert o["release"] == Path(current).name, (o, current)
+        assert o["release_since"] == datetime.fromtimestamp(switched, UTC).isoformat(), o
+        assert o["url"].startswith("http://127.0.0.1:") and o["vllm_version"] == "0.32.0", o
 
 
 def test_bench_by_host_goes_through_an_ssh_tunnel(fleet: Fleet, tmp_path: Path) -> None:

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from grafana_foundation_sdk.builders import dashboard as db
-    from grafana_foundation_sdk.builders import stat, table, timeseries
+    from grafana_foundation_sdk.builders import stat, statetimeline, table, timeseries
     from grafana_foundation_sdk.cog.builder import Builder
     from grafana_foundation_sdk.models import dashboard as dm
 
-    PanelLike = timeseries.Panel | stat.Panel | table.Panel | db.Row
+    PanelLike = timeseries.Panel | stat.Panel | table.Panel | statetimeline.Panel | db.Row
 
 UIDS = ("vfleet-overview", "vfleet-spec-decode", "vfleet-fleet")
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -90,7 +90,7 @@ class PanelQuery(NamedTuple):
 
 
 def _common(
-    p: timeseries.Panel | stat.Panel | table.Panel,
+    p: timeseries.Panel | stat.Panel | table.Panel | statetimeline.Panel,
     title: str,
     unit: str,
     queries: Sequence[Q],
@@ -194,6 +194,26 @@ def info_table(title: str, w: int, h: int) -> table.Panel:
     query = Q(f"max by ({', '.join(columns)}) ({sel('vfleet_info')})", "")
     desc = "What each instance runs (vfleet_info); hosts whose sidecar is down are missing."
     _common(p, title, "none", [query], desc, w, h, instant=True)
+    return p
+
+
+def releases_timeline(title: str, w: int, h: int) -> statetimeline.Panel:
+    """One row per host, instance, model and release: a swap or rollback ends a row and starts
+    another, so the panel shows when each host changed model."""
+    from grafana_foundation_sdk.builders import statetimeline
+    from grafana_foundation_sdk.models import common as cm
+
+    p = statetimeline.Panel().show_value(cm.VisibilityMode.NEVER)
+    labels = "host, vfleet_instance, model_name, release"
+    query = Q(
+        f"max by ({labels}) ({sel('vfleet_info')})",
+        "{{host}}/{{vfleet_instance}}: {{model_name}} (release {{release}})",
+    )
+    desc = (
+        "From the sidecar's vfleet_info: a row per model and release an instance served. "
+        "A swap or rollback ends one row and starts the next."
+    )
+    _common(p, title, "none", [query], desc, w, h)
     return p
 
 
@@ -409,6 +429,7 @@ def fleet() -> dict[str, Any]:
     start = sel("process_start_time_seconds", 'job="vllm"')
     panels: list[PanelLike] = [
         info_table("Hosts", 24, 8),
+        releases_timeline("Model and release per host (swaps, rollbacks)", 24, 6),
         up_panel("Up per host", 24, 5),
         timeseries_panel("Decode tokens/s by host", TOKPS, [Q(rate(GEN))], "Generated tokens/s."),
         timeseries_panel(

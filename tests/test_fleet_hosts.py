@@ -708,13 +708,17 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         assert "The previous release was restored" in err
         assert back["weights_before"] == MODEL and back["weights_after"] == MODEL, back
         assert f"back on {MODEL} (previous release), serving" in back["outcome"], back
-        rolled = load.summary(load.window(t1, load.now()))
-        record("swap_single_box_broken", {"swap": report, "load": rolled})
+        t2 = load.now()
+        rolled = load.summary(load.window(t1, t2))
+        time.sleep(10)
+        restored = load.summary(load.window(t2, load.now()))
+        record("swap_single_box_broken", {"swap": report, "load": rolled,
+                                          "load_after": restored})  # fmt: skip
         assert unit_show(node1)["ActiveState"] == "active"
     finally:
         load.stop()
-    total = load.summary(load.requests)
-    assert total["ok"] > total["failed"] >= 1, total
+    # One box: the broken start cost downtime too, then the old model serves every request.
+    assert rolled["failed"] >= 1 and restored["failed"] == 0 and restored["ok"] >= 5, restored
 
 
 def test_losing_a_host_mid_rollout_stops_it_and_says_which(
@@ -762,7 +766,9 @@ def test_losing_a_host_mid_rollout_stops_it_and_says_which(
     assert lost["recap"] and lost["recap"]["unreachable"] >= 1, lost
     assert "lost (unreachable)" in lost["outcome"], lost
     assert "left drained in the balancer" in lost["outcome"], lost
-    assert "Failed to connect" in lost["why"] or "closed" in lost["why"], lost["why"]
+    # Ansible's words depend on when the box died: mid-task ("Data could not be sent to
+    # remote host ... over ssh") or between tasks ("Failed to connect to the host via ssh").
+    assert lost["why"].startswith("unreachable: ") and "ssh" in lost["why"], lost["why"]
     assert lost["model_after"] is None  # not serving: its box is gone
     assert hosts["node2"]["recap"] is None and "not touched" in hosts["node2"]["outcome"]
     assert hosts["node2"]["downtime_s"] == 0 and hosts["(balancer)"]["downtime_s"] == 0

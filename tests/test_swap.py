@@ -180,3 +180,16 @@ def test_an_alias_is_followed_to_the_weights_behind_it() -> None:
     assert "not tiny-dense as chat" in swap.outcome(r)
     r.recap = {"failed": 1, "rescued": 1}
     assert "back on tiny-hybrid-mtp as chat (previous release)" in swap.outcome(r)
+
+
+def test_the_report_gives_each_stopped_host_its_reason() -> None:
+    lost = HostReport("node1", "http://x", "b", model_before="a", recap={"unreachable": 1})
+    lost.why, lost.left_drained = "unreachable: Failed to connect to the host via ssh", True
+    lost.outcome = swap.outcome(lost) + "; left drained in the balancer"
+    fine = HostReport("node2", "http://y", "b", model_before="a", model_after="a")
+    fine.outcome = swap.outcome(fine)
+    text = swap.report_text([lost, fine], 1, 12.0)
+    assert "swap STOPPED in 12 s" in text
+    assert "lost (unreachable) during its swap" in text and "left drained" in text
+    assert "why node1: unreachable: Failed to connect to the host via ssh" in text
+    assert "why node2" not in text and "not touched" in text

@@ -213,7 +213,11 @@ class Host:
             time.sleep(1)
         raise RuntimeError(f"{self.name}: no SSH on port {self.ssh_port} after {timeout} s")
 
-    def shutdown(self, timeout: float = 5) -> None:
+    def kill(self) -> None:
+        """A power cut: SIGKILL to the container's init and to systemd-nspawn, no shutdown."""
+        self.shutdown(timeout=0, signum=signal.SIGKILL)
+
+    def shutdown(self, timeout: float = 5, signum: int = signal.SIGTERM) -> None:
         """Power off; a test host need not drain its vLLM, so SIGKILL follows soon."""
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -224,8 +228,12 @@ class Host:
             init = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         except OSError:
             init = []
+        if signum == signal.SIGKILL:  # no poweroff: the container's processes die first
+            for pid in init:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
         # systemd-nspawn turns SIGTERM into an orderly poweroff of the container.
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        os.killpg(self.proc.pid, signum)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

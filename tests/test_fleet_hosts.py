@@ -7,8 +7,9 @@ the engine, a bad model path stopped in preflight, and a crash loop stopped by t
 Then the rolling model swap (issue 7): behind nginx, a broken canary, a single box, a host lost
 mid-rollout.
 
-`make test` (CI) runs the tests marked fleet_ci (what the fleet-deploy issue asks to prove:
-about 9 minutes with the host root built); `make test-fleet` runs them all (about 25).
+`make test` (CI) runs the tests marked fleet_ci (what the fleet-deploy issue asks to prove, and
+the crash loop: about 12 minutes with the host root built); `make test-fleet` runs them all
+(about 30).
 
 The hosts share this machine's network: every port below is on 127.0.0.1 and distinct. The
 vLLM wheels come from a wheelhouse bound read-only into the hosts (no index inside), pm2 from
@@ -425,6 +426,7 @@ def test_status_per_host_names_model_release_and_since_when(fleet: Fleet) -> Non
         assert o["url"].startswith("http://127.0.0.1:") and o["vllm_version"] == "0.32.0", o
 
 
+@pytest.mark.fleet_ci
 def test_bench_by_host_goes_through_an_ssh_tunnel(fleet: Fleet, tmp_path: Path) -> None:
     """`vfleet bench run --host node1`: vLLM listens on the host's loopback, so the bench
     reaches it through an ssh tunnel with the inventory's user, port and key."""
@@ -531,6 +533,7 @@ def test_rollback_on_systemd_restores_the_previous_release(fleet: Fleet) -> None
     assert chat(node1.port)[0] == 200
 
 
+@pytest.mark.fleet_ci
 def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -> None:
     node1 = fleet.nodes["node1"]
     models = "/opt/vfleet/models"
@@ -819,7 +822,10 @@ def test_losing_a_host_mid_rollout_stops_it_and_says_which(
         else:
             pytest.fail("the swap never drained node1")
         lost_at = load.now()
-        node1.host.shutdown(timeout=10)
+        # A power cut, not a poweroff: a box shutting down still answers ssh for a moment, and
+        # the swap then fails a gate there instead (seen: "port in use" while vLLM drained;
+        # the rescue's serving check then keeps it drained).
+        node1.host.kill()
         out, err = proc.communicate(timeout=900)
         time.sleep(5)
     finally:

@@ -209,9 +209,9 @@ PYTEST := VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
 TEST_WORKERS ?= 2
 
 # Of the fleet tests (two systemd-nspawn hosts over SSH), `make test` runs those marked fleet_ci:
-# deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9, preflight,
-# the crash loop (docs/BENCHMARKS.md: CI). The rest (rollback, the model swaps) start vLLM about
-# fifteen more times: about 15 more minutes, past CI's 30 on 2 cores.
+# deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9, preflight
+# (docs/BENCHMARKS.md: CI). The rest (crash loop, rollback, the model swaps) start vLLM about
+# twenty more times: about 18 more minutes, past CI's 30 on 2 cores.
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" tests
 

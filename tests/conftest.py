@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -88,3 +89,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: the order inside each file is kept
+
+
+# Where CI's minutes go: each test phase's start, stop and pytest worker, one JSON line each
+# in build/test-timeline.jsonl, read by `python -m tests.timeline`. Written by the one process
+# that sees every report (xdist's controller, or pytest alone).
+TIMELINE = REPO / "build" / "test-timeline.jsonl"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        TIMELINE.unlink(missing_ok=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    node = getattr(report, "node", None)  # set by xdist on the controller
+    worker = node.gateway.id if node is not None else "main"
+    TIMELINE.parent.mkdir(parents=True, exist_ok=True)
+    line = {"worker": worker, "test": report.nodeid, "when": report.when,
+            "start": report.start, "stop": report.stop, "outcome": report.outcome}  # fmt: skip
+    with TIMELINE.open("a") as out:
+        out.write(json.dumps(line) + "\n")

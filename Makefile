@@ -215,7 +215,7 @@ TEST_WORKERS ?= 2
 # Of the fleet tests (two systemd-nspawn hosts over SSH), `make test` runs those marked fleet_ci:
 # deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9, preflight
 # (docs/BENCHMARKS.md: CI). The rest (crash loop, rollback, the model swaps) start vLLM about
-# twenty more times: about 18 more minutes, past CI's 30 on 2 cores.
+# twenty more times: with the swaps alone, make test took 36 minutes here, past CI's 30.
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker (the run's exit status is pytest's).
 	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" \

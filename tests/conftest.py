@@ -66,16 +66,15 @@ def require_tools() -> bool:
 
 
 # The slowest files first (CI durations, docs/BENCHMARKS.md). `make test` runs two pytest
-# workers that take whole files in collection order, each holding one running and one queued:
-# file 1 and 3 go to one worker, 2 and 4 to the other, then whoever is free takes the next.
-# So the two longest start at once, a short one queues behind the longest, and the short
-# files fill the gaps instead of one long file running alone at the end.
+# workers that take whole files in collection order: each starts with one, and takes the next
+# whenever it has two or fewer tests of its own left. So the two longest start at once and the
+# short files fill the gaps at the end; `python -m tests.timeline` shows who ran what.
 SLOW_FIRST = (
     "test_e2e_deploy.py",
     "test_compose_e2e.py",
     "test_planner_vllm.py",
-    # After the compose test on the same worker: its hosts' two venvs (~8 GB) then use the
-    # disk the compose test gave back (CI prunes its images).
+    # Fourth: it starts once a worker is nearly through its first files, after the compose
+    # test gave its images back (CI prunes them): its hosts' two venvs (~8 GB) use that disk.
     "test_fleet_hosts.py",
     "test_observability_e2e.py",
     "test_plugin_vllm.py",

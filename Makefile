@@ -219,7 +219,7 @@ TEST_WORKERS ?= 2
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker (the run's exit status is pytest's).
 	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" \
-	  tests || rc=$$?; $(BIN)/python -m tests.timeline; exit $$rc
+	  tests || rc=$$?; $(BIN)/python -m tests.timeline || true; exit $$rc
 
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)

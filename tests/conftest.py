@@ -102,7 +102,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A crashed worker's report has no times (start = stop = 0): nothing to place.
+    if os.environ.get("PYTEST_XDIST_WORKER") or not report.start:
         return
     node = getattr(report, "node", None)  # set by xdist on the controller
     worker = node.gateway.id if node is not None else "main"

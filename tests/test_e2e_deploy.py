@@ -51,11 +51,7 @@ def _with_wheelhouse(args: tuple[str, ...]) -> list[str]:
         return list(args)
     extra = BASE / "e2e-vars.yml"
     extra.parent.mkdir(parents=True, exist_ok=True)
-    # --no-compile: vLLM's bytecode goes to the instance's cache (rule "caches"), so pip's
-    # serial compile of 3.5 GB would be CI time spent on files the server never reads.
-    extra.write_text(
-        f'vfleet_pip_extra_args: "--no-index --find-links {WHEELHOUSE} --no-compile"\n'
-    )
+    extra.write_text(f'vfleet_pip_extra_args: "--no-index --find-links {WHEELHOUSE}"\n')
     given = [a for a in args if a.startswith("ANSIBLE_ARGS=")]
     rest = [a for a in args if not a.startswith("ANSIBLE_ARGS=")]
     ansible_args = " ".join([*(a.split("=", 1)[1] for a in given), f"-e @{extra}"])

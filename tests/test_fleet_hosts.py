@@ -158,9 +158,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "ansible_python_interpreter": "/usr/bin/python3",
         "vfleet_profile": "cpu",
         "vfleet_model": MODEL,
-        # --no-compile: CI time (byte-compiling 3.5 GB of packages costs minutes on 2 cores);
-        # vLLM's bytecode goes to the instance's cache (rule "caches"); the role's default compiles.
-        "vfleet_pip_extra_args": "--no-index --find-links /wh --no-compile",
+        "vfleet_pip_extra_args": "--no-index --find-links /wh",
         "vfleet_npm_extra_args": ["--offline"],
     }
     hosts = {

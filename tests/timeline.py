@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         file = r["test"].split("::")[0]
         span = spans[r["worker"]].setdefault(file, [r["start"], r["stop"]])
         span[0], span[1] = min(span[0], r["start"]), max(span[1], r["stop"])
-    for worker, files in sorted(spans.items()):
+    for worker, files in sorted(spans.items(), key=lambda kv: (len(kv[0]), kv[0])):
         end = max(s[1] for s in files.values()) - t0
         print(f"{worker}: done at {end / 60:5.1f} min")
         for file, (a, b) in sorted(files.items(), key=lambda kv: kv[1][0]):

@@ -157,7 +157,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
                 if e.secret
                 else (json.dumps(e.value) if isinstance(e.value, dict | list) else str(e.value))
             )
-            print(f"  {prefix}{e.key} = {value}")
+            print(f"  {prefix}{e.key} = {value or repr('')}")
             print(_wrap(f"[{e.rule}] {e.reason}", width, "      "))
             print(_wrap(f"source: {e.source}", width, "      "))
         print()

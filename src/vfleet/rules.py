@@ -471,8 +471,9 @@ CACHE_ENV = {
     "VLLM_CACHE_ROOT": "vllm",
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
     "TRITON_CACHE_DIR": "triton",
-    # Python bytecode: a venv installed with --no-compile (or by uv) is read-only under
-    # ProtectSystem=strict, so without this every start compiled torch and vLLM from source.
+    # Python bytecode, written by the instance's first start (the venv's own __pycache__ is not
+    # read once a prefix is set, so the role installs with --no-compile). Without it a venv
+    # with no bytecode, read-only under ProtectSystem=strict, was compiled again at every start.
     "PYTHONPYCACHEPREFIX": "pycache",
 }
 

@@ -201,9 +201,10 @@ unit: venv wheels ## fast tests (no vLLM server)
 	$(BIN)/python -m pytest -q -m "not e2e" tests
 
 .PHONY: test
-# PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (as CI's does), no process
-# kept its bytecode and every vLLM the tests start compiled torch and vLLM from source again:
-# a tiny model's start took 72-79 s instead of 30-35 (docs/BENCHMARKS.md).
+# PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (this machine's does, and CI's
+# going by its timings), no process kept its bytecode and every vLLM the tests start compiled
+# torch and vLLM from source again: a tiny model's start took 72-79 s instead of 30-35
+# (docs/BENCHMARKS.md).
 PYTEST := PYTHONDONTWRITEBYTECODE= VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
 
 # Two pytest workers, each taking whole test files (a file's module fixtures start its vLLM servers

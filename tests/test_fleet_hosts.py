@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from vfleet.deploy_plan import plan
+from vfleet.rules import CACHE_ENV
 
 from . import loadgen, nspawn
 from .conftest import REPO, require_tools
@@ -294,11 +295,26 @@ def test_fleet_deploy_serves_on_both_hosts(fleet: Fleet) -> None:
     )
     states = {p["name"]: p["pm2_env"]["status"] for p in json.loads(jlist)}
     assert states == {"vfleet-vllm-main": "online", "vfleet-sidecar-main": "online"}
+    # pm2 hands its daemon's environment on: the env file's empty PYTHONDONTWRITEBYTECODE
+    # reaches vLLM, so a daemon started where it is set still lets bytecode be written.
+    pid = {p["name"]: p["pid"] for p in json.loads(jlist)}["vfleet-vllm-main"]
+    environ = node2.host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout.splitlines()
+    assert "PYTHONDONTWRITEBYTECODE=" in environ, environ
     for node in (node1, node2):
         status, body = chat(node.port)
         # A real generation (random weights: the text may land in reasoning_content).
         assert status == 200 and body["usage"]["completion_tokens"] > 0, body
         assert chat(node.port, key=None)[0] == 401  # the API key is enforced
+    # Bytecode (rule "caches"): vLLM's goes to the instance's cache, also under systemd's
+    # ProtectSystem=strict, and the venv has none (the role installs with --no-compile). Without
+    # it every start compiled torch and vLLM from source (docs/BENCHMARKS.md).
+    dirs = plan("cpu", MODEL)["dirs"]
+    pycache = f"{dirs['cache']}/{CACHE_ENV['PYTHONPYCACHEPREFIX']}"
+    for node in (node1, node2):
+        cached = node.host.run(f"find {pycache} -path '*/vllm/*.pyc' | head -n 1").stdout
+        assert cached.strip(), f"{node.host.name}: no vLLM bytecode under {pycache}"
+        in_venv = node.host.run(f"find {dirs['venv']}/lib -path '*/vllm/*.pyc' | head -n 1")
+        assert in_venv.stdout.strip() == "", in_venv.stdout
 
 
 @pytest.mark.fleet_ci

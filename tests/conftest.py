@@ -60,6 +60,26 @@ def tree_digest(root: Path) -> dict[str, str]:
     return out
 
 
+def playbook_failure(stdout: str, stderr: str = "", tail: int = 3000) -> str:
+    """An assertion message for a failed make/ansible-playbook run: each failed or unreachable
+    host's task and message first, then the recap, then the tail. A bare tail can show only the
+    hosts that went on (seen: a host lost in the first tasks left no trace in the last 6000
+    characters)."""
+    lines = stdout.splitlines()
+    picked: list[str] = []
+    task = ""
+    for i, line in enumerate(lines):
+        if line.startswith(("TASK [", "RUNNING HANDLER [", "PLAY [")):
+            task = line
+        elif line.startswith(("fatal:", "failed:", "ERROR!")) or "UNREACHABLE!" in line:
+            picked += [task, *lines[i : i + 12], ""]
+    recap = stdout.rsplit("PLAY RECAP", 1)
+    summary = "\n".join(picked) or "(no failed task in the output)"
+    if len(recap) == 2:
+        summary += "\nPLAY RECAP" + recap[1][:1500]
+    return f"{summary}\n--- stderr ---\n{stderr[-2000:]}\n--- tail ---\n{stdout[-tail:]}"
+
+
 def require_tools() -> bool:
     """In `make test` the vLLM parsers must be there: a missing one fails instead of skipping."""
     return os.environ.get("VFLEET_REQUIRE_TOOLS") == "1"

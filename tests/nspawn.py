@@ -255,7 +255,8 @@ SSH_OPTIONS = [
     "-o",
     "LogLevel=ERROR",
     "-o",
-    "ConnectTimeout=5",
+    # The hosts share two cores with spinning vLLM workers: sshd can take seconds to answer.
+    "ConnectTimeout=20",
 ]
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from vfleet.profiles import load_profile
 
-from .conftest import REPO
+from .conftest import REPO, playbook_failure
 
 pytestmark = pytest.mark.e2e
 
@@ -117,7 +117,7 @@ def deployed() -> Iterator[subprocess.CompletedProcess[str]]:
 
 
 def test_deploy_brings_up_a_real_endpoint(deployed: subprocess.CompletedProcess[str]) -> None:
-    assert deployed.returncode == 0, deployed.stdout[-5000:] + deployed.stderr[-2000:]
+    assert deployed.returncode == 0, playbook_failure(deployed.stdout, deployed.stderr)
     assert recap(deployed.stdout)["failed"] == 0
     # It tells the operator where the endpoint is and how to stop it.
     assert f"http://127.0.0.1:{PORT}/v1" in deployed.stdout and "make stop" in deployed.stdout
@@ -285,7 +285,7 @@ def test_bench_against_the_deployment(
     finally:
         os.killpg(exporter.pid, 9)
         exporter.wait()
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     result = json.loads((tmp_path / "bench" / "result.json").read_text())
     assert result["completed"] and result["deployment"]["release"]["profile"] == "cpu"
     runs = result["runs"]
@@ -347,7 +347,7 @@ def test_bench_by_inventory_host_finds_the_deployed_instance(
         timeout=300,
         check=False,
     )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert "inventory host localhost, instance main" in r.stderr
     assert f"http://127.0.0.1:{PORT}" in r.stderr
     result = json.loads((tmp_path / "bench" / "result.json").read_text())
@@ -365,7 +365,7 @@ def test_bench_by_inventory_host_finds_the_deployed_instance(
 
 def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str]) -> None:
     r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert recap(r.stdout)["changed"] == 0, r.stdout[-6000:]
 
 
@@ -379,7 +379,7 @@ def test_check_diff_shows_pending_change_and_changes_nothing(
         f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_num_seqs=2",
         "ANSIBLE_ARGS=--check --diff",
     )
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert "+max-num-seqs: 2" in r.stdout
     assert recap(r.stdout)["changed"] > 0
     after = (os.readlink(current), sorted(os.listdir(BASE / "instances" / "main" / "releases")))
@@ -470,7 +470,7 @@ def test_bad_profile_fails_before_any_host_change(
 
 def test_stop_stops_the_server(deployed: subprocess.CompletedProcess[str]) -> None:
     r = make("stop")
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -494,7 +494,7 @@ def test_deploy_after_stop_serves_again(deployed: subprocess.CompletedProcess[st
     inst = BASE / "instances" / "main"
     first = os.readlink(inst / "current")
     r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_model_len=2048")
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert http("/health")[0] == 200
     assert served_max_model_len() == 2048
     assert os.readlink(inst / "current") != first and os.readlink(inst / "previous") == first
@@ -532,7 +532,7 @@ def test_rollback_brings_the_previous_release_back(
     t0 = time.monotonic()
     r = make("rollback")
     print(f"rollback to ready and warm: {time.monotonic() - t0:.0f} s")
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert f"rolled back to release {Path(first).name}" in r.stdout
     assert os.readlink(inst / "current") == first and os.readlink(inst / "previous") == second
     assert (states()[first], states()[second]) == ("current", "previous")

@@ -42,7 +42,7 @@ from vfleet.deploy_plan import plan
 from vfleet.rules import CACHE_ENV
 
 from . import loadgen, nspawn
-from .conftest import REPO, require_tools
+from .conftest import REPO, playbook_failure, require_tools
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
 
@@ -277,7 +277,7 @@ def test_fleet_deploy_serves_on_both_hosts(fleet: Fleet) -> None:
     t0 = time.monotonic()
     proc = make(fleet, "deploy", "HOST=cpu_fleet")
     record("fleet_deploy_first_s", round(time.monotonic() - t0, 1))
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
     # node1: systemd; the installed unit verifies clean on the host itself.
     assert unit_show(node1)["ActiveState"] == "active"
@@ -322,7 +322,7 @@ def test_second_deploy_changes_nothing(fleet: Fleet) -> None:
     t0 = time.monotonic()
     proc = make(fleet, "deploy", "HOST=cpu_fleet")
     record("fleet_deploy_again_s", round(time.monotonic() - t0, 1))
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     for name in fleet.nodes:
         r = recap(proc.stdout, name)
         assert r["changed"] == 0 and r["failed"] == 0, (name, r)
@@ -342,7 +342,7 @@ def test_check_diff_shows_exactly_the_change_and_changes_nothing(fleet: Fleet) -
     before, pid = _snapshot(node1), unit_show(node1)["MainPID"]
     sets = " ".join([*node1.sets, "max_num_seqs=3", "restart_sec=5"])
     proc = make(fleet, "deploy", "HOST=node1", f"SET={sets}", ansible_args="--check --diff")
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     out = proc.stdout
     changed = [line for line in out.splitlines() if re.match(r"^[+-](?![+-])", line)]
     # vllm.yaml: exactly the one setting; the unit: exactly RestartSec.
@@ -474,7 +474,7 @@ def test_bench_by_host_goes_through_an_ssh_tunnel(fleet: Fleet, tmp_path: Path) 
         timeout=300,
         check=False,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     assert "inventory host node1, instance main" in proc.stderr
     assert "through an ssh tunnel" in proc.stderr
     result = json.loads((tmp_path / "bench" / "result.json").read_text())
@@ -529,13 +529,13 @@ def test_rollback_on_systemd_restores_the_previous_release(fleet: Fleet) -> None
     inst = "/opt/vfleet/instances/main"
     first = node1.host.run(f"readlink {inst}/current").stdout.strip()
     proc = make(fleet, "deploy", "HOST=node1", f"SET={' '.join([*node1.sets, 'max_num_seqs=3'])}")
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     second = node1.host.run(f"readlink {inst}/current").stdout.strip()
     assert second != first
     t0 = time.monotonic()
     proc = make(fleet, "rollback", "HOST=node1")
     record("rollback_systemd_s", round(time.monotonic() - t0, 1))
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     assert f"rolled back to release {Path(first).name}" in proc.stdout
     assert node1.host.run(f"readlink {inst}/current").stdout.strip() == first
     assert node1.host.run(f"readlink {inst}/previous").stdout.strip() == second
@@ -588,7 +588,7 @@ def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -
     assert "start limit" in service[0]["message"], service
     assert "safetensors" in service[0]["message"].lower() or "Error" in service[0]["message"]
     stop = make(fleet, "stop", "HOST=node1", "INSTANCE=broken")
-    assert stop.returncode == 0, stop.stdout[-3000:]
+    assert stop.returncode == 0, playbook_failure(stop.stdout, stop.stderr)
     # The other instance on the host never noticed.
     assert unit_show(node1)["ActiveState"] == "active"
     assert chat(node1.port)[0] == 200
@@ -777,7 +777,7 @@ def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Flee
     assert "node2 and node2b are the same machine" in " ".join(proc.stdout.split())
     assert all(recap(proc.stdout, h)["changed"] == 0 for h in ("node2", "node2b"))
     proc = make(fleet, "deploy", "HOST=node2b")
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     with balancer(fleet, "node2_replicas", "balancer-box") as (prefix, url):
         load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=900).start()
         try:
@@ -807,7 +807,7 @@ def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Flee
         assert chat(twin.port)[0] == 200
     finally:
         stop = make(fleet, "stop", "HOST=node2b")
-        assert stop.returncode == 0, stop.stdout[-3000:]
+        assert stop.returncode == 0, playbook_failure(stop.stdout, stop.stderr)
 
 
 def test_losing_a_host_mid_rollout_stops_it_and_says_which(

@@ -60,6 +60,17 @@ def tree_digest(root: Path) -> dict[str, str]:
     return out
 
 
+def ansible_task_times(where: Path) -> dict[str, str]:
+    """Environment that makes Ansible record each task's time per host (tests/callbacks), in
+    one file per test under `where`: `python -m tests.task_times FILE` sums them up."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "setup").split("::")[-1].split(" ")[0]
+    return {
+        "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "tests" / "callbacks"),
+        "ANSIBLE_CALLBACKS_ENABLED": "task_times",
+        "VFLEET_TASK_TIMES": str(where / f"task-times-{test}.jsonl"),
+    }
+
+
 def playbook_failure(stdout: str, stderr: str = "", tail: int = 3000) -> str:
     """An assertion message for a failed make/ansible-playbook run: each failed or unreachable
     host's task and message first, then the recap, then the tail. A bare tail can show only the

@@ -157,6 +157,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 f"port={port}",
                 "--set",
                 f"sidecar_port={sidecar_port}",
+                # Eager: the container's cold torch.compile cost ~50 s of CI's two cores; the
+                # compile and its cache are exercised by the local deploy (test_e2e_deploy).
+                "--set",
+                "extra_args.enforce-eager=true",
                 "--model-dir",
                 str(model),
                 "--out",

@@ -21,7 +21,7 @@ import pytest
 
 from vfleet.profiles import load_profile
 
-from .conftest import REPO, playbook_failure
+from .conftest import REPO, ansible_task_times, playbook_failure
 
 pytestmark = pytest.mark.e2e
 
@@ -60,6 +60,7 @@ def _with_wheelhouse(args: tuple[str, ...]) -> list[str]:
 
 def make(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env.update(ansible_task_times(BASE / "task-times"))
     return subprocess.run(
         [
             "make",

@@ -42,7 +42,7 @@ from vfleet.deploy_plan import plan
 from vfleet.rules import CACHE_ENV
 
 from . import loadgen, nspawn
-from .conftest import REPO, playbook_failure, require_tools
+from .conftest import REPO, ansible_task_times, playbook_failure, require_tools
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
 
@@ -210,7 +210,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def make(
     fleet: Fleet, target: str, *make_vars: str, ansible_args: str = "", timeout: int = 900
 ) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env = dict(
+        os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **ansible_task_times(fleet.logs)
+    )
     proc = subprocess.run(
         [
             "make",
@@ -603,6 +605,7 @@ def swap(fleet: Fleet, *args: str, timeout: int = 1200) -> tuple[int, dict[str, 
         text=True,
         timeout=timeout,
         check=False,
+        env=dict(os.environ, **ansible_task_times(fleet.logs)),
     )
     with (fleet.logs / "swap.log").open("a") as out:
         out.write(f"\n$ vfleet swap {' '.join(args)}\n{proc.stderr}\n{proc.stdout}\n")

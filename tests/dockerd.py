@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .nspawn import CHROOT, ROOT_PATH, SBIN_PATH, SUITE, debootstrap, which
+from .nspawn import CHROOT, ROOT_PATH, SBIN_PATH, SUITE, copy_root, minbase, which
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "docker"
@@ -115,7 +115,8 @@ def debian_base(engine: Engine, log: Path) -> str:
         return tag
     root = CACHE / f"base-{SUITE}-{key}"
     shutil.rmtree(root, ignore_errors=True)
-    debootstrap(root, [], log)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    copy_root(minbase(log), root)
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\n# no service starts inside an image build\nexit 101\n")
     policy.chmod(0o755)

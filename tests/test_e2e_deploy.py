@@ -494,7 +494,13 @@ def test_deploy_after_stop_serves_again(deployed: subprocess.CompletedProcess[st
     # before its JSON on the next deploy (a bug found by the deploy-vs-bare benchmark).
     inst = BASE / "instances" / "main"
     first = os.readlink(inst / "current")
-    r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_model_len=2048")
+    # Eager as well: a different release that starts without compiling (the first one's
+    # torch.compile and its cache are what the rollback below comes back to).
+    r = make(
+        "deploy",
+        f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_model_len=2048 "
+        "extra_args.enforce-eager=true",
+    )
     assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert http("/health")[0] == 200
     assert served_max_model_len() == 2048

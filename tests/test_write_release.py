@@ -1,0 +1,72 @@
+"""The role's release writer (ansible/roles/vfleet/files/write_release.py), run as the role runs
+it: the host's Python, the files as JSON on stdin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO
+
+WRITER = REPO / "ansible" / "roles" / "vfleet" / "files" / "write_release.py"
+FILES = [
+    {"name": "vllm.yaml", "content": "port: 8000\n", "mode": "0644"},
+    {"name": "vllm.env", "content": "VLLM_API_KEY=secret\n", "mode": "0600"},
+    {"name": "launch.sh", "content": "#!/bin/sh\n", "mode": "0755"},
+]
+
+
+def write(dest: Path, files: list[dict[str, str]] = FILES) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER.read_text()],
+        input=json.dumps({"dir": str(dest), "files": files}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.strip()
+
+
+def test_a_new_release_appears_whole_with_its_modes(tmp_path: Path) -> None:
+    dest = tmp_path / "releases" / "abc123"
+    dest.parent.mkdir()
+    assert write(dest) == "changed"
+    assert sorted(p.name for p in dest.iterdir()) == ["launch.sh", "vllm.env", "vllm.yaml"]
+    modes = {p.name: p.stat().st_mode & 0o7777 for p in dest.iterdir()}
+    assert modes == {"vllm.yaml": 0o644, "vllm.env": 0o600, "launch.sh": 0o755}
+    assert dest.stat().st_mode & 0o7777 == 0o755
+    assert (dest / "vllm.env").read_text() == "VLLM_API_KEY=secret\n"
+    assert [p.name for p in dest.parent.iterdir()] == ["abc123"]  # no temporary folder left
+    assert write(dest) == "ok"  # the same release again: nothing to do
+
+
+def test_a_changed_file_in_an_existing_release_is_put_back(tmp_path: Path) -> None:
+    dest = tmp_path / "r"
+    dest.mkdir()
+    write(dest)
+    (dest / "vllm.yaml").write_text("port: 9999\n")
+    (dest / "launch.sh").chmod(0o644)
+    (dest / "vllm.env").unlink()
+    assert write(dest) == "changed"
+    assert (dest / "vllm.yaml").read_text() == "port: 8000\n"
+    assert (dest / "launch.sh").stat().st_mode & 0o7777 == 0o755
+    assert (dest / "vllm.env").stat().st_mode & 0o7777 == 0o600
+    assert sorted(p.name for p in dest.iterdir()) == ["launch.sh", "vllm.env", "vllm.yaml"]
+
+
+def test_a_failed_write_leaves_no_release(tmp_path: Path) -> None:
+    dest = tmp_path / "r"
+    bad = [*FILES, {"name": "sub/x", "content": "", "mode": "0644"}]  # no such subfolder
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER.read_text()],
+        input=json.dumps({"dir": str(dest), "files": bad}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert list(tmp_path.iterdir()) == []  # neither the release nor its temporary folder

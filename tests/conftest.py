@@ -101,12 +101,10 @@ def require_tools() -> bool:
 # whenever it has two or fewer tests of its own left. So the two longest start at once and the
 # short files fill the gaps at the end; `python -m tests.timeline` shows who ran what.
 SLOW_FIRST = (
+    "test_fleet_hosts.py",
     "test_e2e_deploy.py",
     "test_compose_e2e.py",
     "test_planner_vllm.py",
-    # Fourth: it starts once a worker is nearly through its first files, after the compose
-    # test gave its images back (CI prunes them): its hosts' two venvs (~8 GB) use that disk.
-    "test_fleet_hosts.py",
     "test_observability_e2e.py",
     "test_plugin_vllm.py",
     "test_vllm_parse.py",

@@ -659,6 +659,7 @@ def lb(fleet: Fleet) -> Iterator[tuple[Path, str]]:
         yield front
 
 
+@pytest.mark.fleet_ci
 def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, str]) -> None:
     """Both hosts to another model, one at a time, behind nginx, with load throughout. Clients
     keep the name they use (the alias is the name they called before): 0 failed requests."""
@@ -694,6 +695,7 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     assert [r["down"] for r in state["replicas"]] == [False, False]
 
 
+@pytest.mark.fleet_ci
 def test_broken_canary_is_rolled_back_and_the_rest_is_never_touched(
     fleet: Fleet, lb: tuple[Path, str]
 ) -> None:
@@ -723,6 +725,7 @@ def test_broken_canary_is_rolled_back_and_the_rest_is_never_touched(
     assert [r["down"] for r in state["replicas"]] == [False, False]  # node1 re-admitted
 
 
+@pytest.mark.fleet_ci
 def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: Fleet) -> None:
     """One box, no spare capacity: stop -> start -> gate. Load runs throughout (bounded); the
     swap's own watcher and the load both measure the downtime. Then a model whose weights
@@ -818,6 +821,7 @@ def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Flee
         assert stop.returncode == 0, playbook_failure(stop.stdout, stop.stderr)
 
 
+@pytest.mark.fleet_ci
 def test_losing_a_host_mid_rollout_stops_it_and_says_which(
     fleet: Fleet, lb: tuple[Path, str]
 ) -> None:

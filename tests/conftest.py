@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def ansible_task_times(where: Path) -> dict[str, str]:
     """Environment that makes Ansible record each task's time per host (tests/callbacks), in
     one file per test under `where`: `python -m tests.task_times FILE` sums them up."""
     test = os.environ.get("PYTEST_CURRENT_TEST", "setup").split("::")[-1].split(" ")[0]
+    test = re.sub(r"[^\w.-]", "_", test)  # a parametrized id may hold "/" or spaces
     return {
         "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "tests" / "callbacks"),
         "ANSIBLE_CALLBACKS_ENABLED": "task_times",

@@ -122,6 +122,14 @@ def base_root(log: Path, npm_seed: list[str]) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     copy_root(minbase(log), root)
     with log.open("a") as out:
+        # The shared minbase may be older than the mirror's current lists.
+        subprocess.run(
+            [CHROOT, str(root), "apt-get", "update", "-qq"],
+            env={"PATH": ROOT_PATH, "DEBIAN_FRONTEND": "noninteractive"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
         subprocess.run(
             [
                 CHROOT,

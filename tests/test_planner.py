@@ -13,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vfleet.compile import resolve
-from vfleet.planner import KvInputs, arch_from_config, host_cpu_bf16, kv_plan, plan_launch
+from vfleet.planner import (
+    KvInputs,
+    arch_from_config,
+    cpu_ssm_float32,
+    host_cpu_amx,
+    host_cpu_bf16,
+    kv_plan,
+    plan_launch,
+)
 from vfleet.profiles import load_model
 
 from .conftest import Result
@@ -109,8 +117,32 @@ def test_cpu_bf16_is_read_from_the_cpu_flags(
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
     assert not host_cpu_bf16(str(info))
     assert not host_cpu_bf16(str(tmp_path / "absent"))
+    info.write_text("flags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
+    assert host_cpu_amx(str(info)) and host_cpu_bf16(str(info))
     monkeypatch.setenv("VFLEET_CPU_BF16", "1")
-    assert host_cpu_bf16(str(tmp_path / "absent"))
+    assert host_cpu_bf16(str(tmp_path / "absent")) and host_cpu_amx(str(tmp_path / "absent"))
+
+
+def test_which_cpus_keep_the_ssm_state_in_float32_per_vllm_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 0.32 resets on AVX-512 BF16 (accelerated GDN), 0.27.1 only on AMX tiles.
+    import vfleet.planner as planner
+
+    monkeypatch.delenv("VFLEET_CPU_BF16", raising=False)
+    monkeypatch.setattr(planner, "host_cpu_flags", lambda cpuinfo="": {"avx512_bf16"})
+    assert cpu_ssm_float32("0.32.0") and not cpu_ssm_float32("0.27.1")
+    monkeypatch.setattr(planner, "host_cpu_flags", lambda cpuinfo="": {"avx512_bf16", "amx_tile"})
+    assert cpu_ssm_float32("0.32.0") and cpu_ssm_float32("0.27.1")
+
+
+def test_an_explicit_ssm_cache_dtype_is_taken_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VFLEET_CPU_BF16", "1")
+    plan = plan_launch(
+        resolve("cpu", "tiny-hybrid-mtp", sets=["extra_args.mamba-ssm-cache-dtype=bfloat16"])
+    )
+    assert not any("SSM state in float32" in n for n in plan.kv.notes)
+    assert plan.kv.kv_cache_tokens == 838_860  # the model-dtype figures
 
 
 def test_fp8_kv_halves_the_attention_page_but_not_the_gdn_state() -> None:

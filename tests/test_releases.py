@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from vfleet.hostfacts import release_facts
+from vfleet.hostfacts import release_facts, release_list
 from vfleet.releases import rows
 
 
@@ -41,3 +41,11 @@ def test_states_and_order(tmp_path: Path) -> None:
 def test_never_deployed(tmp_path: Path) -> None:
     facts = release_facts(str(tmp_path / "instances" / "main" / "current"), [])
     assert facts["current"] is None and rows(facts) == []
+
+
+def test_a_release_being_written_is_not_listed(tmp_path: Path) -> None:
+    inst = tmp_path / "instances" / "main"
+    done = release(inst, "aaaa", "tiny-dense", 1000)
+    release(inst, ".tmp-x1y2", "tiny-hybrid-mtp", 2000)  # the role's writer, not yet renamed
+    (inst / "current").symlink_to(done)
+    assert [r["id"] for r in release_list(str(inst / "current"))] == ["aaaa"]

@@ -70,3 +70,33 @@ def test_a_failed_write_leaves_no_release(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert list(tmp_path.iterdir()) == []  # neither the release nor its temporary folder
+
+
+def test_a_file_that_is_not_utf8_is_rewritten(tmp_path: Path) -> None:
+    dest = tmp_path / "r"
+    dest.mkdir()
+    write(dest)
+    (dest / "vllm.yaml").write_bytes(b"\xff\xfe not utf-8")
+    assert write(dest) == "changed"
+    assert (dest / "vllm.yaml").read_text() == "port: 8000\n"
+
+
+def test_a_killed_run_s_temporary_folder_is_removed_and_never_listed(tmp_path: Path) -> None:
+    releases = tmp_path / "releases"
+    (releases / ".tmp-leftover").mkdir(parents=True)
+    (releases / ".tmp-leftover" / "release.json").write_text("{}")
+    assert write(releases / "abc") == "changed"
+    assert [p.name for p in releases.iterdir()] == ["abc"]
+
+
+def test_an_error_names_the_cause_and_never_the_content(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER.read_text()],
+        input=json.dumps({"dir": str(tmp_path / "absent" / "r"), "files": FILES}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "No such file or directory" in proc.stderr and "secret" not in proc.stderr

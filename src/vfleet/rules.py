@@ -939,7 +939,7 @@ def _auto_memory(c: Ctx) -> None:
     tp = int(c.d.get("tp", 1))
     fit = auto_kv_bytes(c.profile, c.model, tp)
     args = {k: e.value for k, e in c.args.items()}
-    plan = kv_plan(inputs_from(c.profile, c.model.arch, c.d, args, max(fit, 0)))
+    plan = kv_plan(inputs_from(c.profile, c.model.arch, c.d, args, max(fit, 0), c.stack.vllm))
     if plan.num_blocks < plan.blocks_per_request and c.strict_memory:
         c.refuse(
             f"one {c.d['max_model_len']}-token request needs {plan.blocks_per_request} KV blocks "

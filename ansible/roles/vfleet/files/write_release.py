@@ -2,10 +2,11 @@
 
 Reads {"dir": ..., "files": [{"name", "content", "mode"}]} as JSON on stdin (stdin, not
 arguments: the env file may hold the API key). A new release is written into a temporary
-folder beside it and renamed into place, so a deploy cut short never leaves a half-written
-release that a later deploy would take as complete. An existing release (same inputs, same
-name) gets any file whose content or mode differs rewritten, each by rename. Prints
-"changed" or "ok".
+folder beside it, synced, and renamed into place, so a deploy cut short never leaves a
+half-written release that a later deploy would take as complete; temporary folders that an
+interrupted run left behind are removed first. An existing release (same inputs, same name)
+gets any file whose content or mode differs rewritten, each by rename. Prints "changed" or
+"ok"; on failure, one line on stderr that holds no file content (the task hides its output).
 """
 
 import json
@@ -18,22 +19,33 @@ import tempfile
 def write(path, content, mode):
     # Created with its final mode: the env file is never readable by others, even briefly.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
         out.write(content)
+        out.flush()
+        os.fsync(out.fileno())
     os.chmod(path, mode)  # the umask may have narrowed it
 
 
 def same(path, content, mode):
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", newline="") as f:
             return f.read() == content and (os.stat(path).st_mode & 0o7777) == mode
-    except OSError:
+    except (OSError, ValueError):  # missing, unreadable, or not UTF-8: rewrite it
         return False
+
+
+def sync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def main():
     req = json.load(sys.stdin)
     dest = req["dir"]
+    parent = os.path.dirname(dest)
     files = [(f["name"], f["content"], int(f["mode"], 8)) for f in req["files"]]
     if os.path.isdir(dest):
         changed = False
@@ -41,18 +53,27 @@ def main():
             path = os.path.join(dest, name)
             if same(path, content, mode):
                 continue
-            tmp = os.path.join(dest, f".{name}.tmp-{os.getpid()}")
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dest)
+            os.close(fd)
+            os.unlink(tmp)  # write() creates it again with the file's own mode
             write(tmp, content, mode)
             os.replace(tmp, path)
             changed = True
+        if changed:
+            sync_dir(dest)
         print("changed" if changed else "ok")
         return
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(dest))
+    for old in os.listdir(parent):
+        if old.startswith(".tmp-"):  # left by a run that was killed
+            shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     try:
         for name, content, mode in files:
             write(os.path.join(tmp, name), content, mode)
         os.chmod(tmp, 0o755)
+        sync_dir(tmp)
         os.rename(tmp, dest)
+        sync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -60,4 +81,12 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as exc:  # noqa: BLE001 - the reason, never the content
+        if isinstance(exc, OSError):
+            why = f"{exc.strerror} ({exc.filename})" if exc.filename else str(exc.strerror)
+        else:
+            why = "bad request (not the JSON the role sends)"
+        print(f"{type(exc).__name__}: {why}", file=sys.stderr)
+        sys.exit(1)

@@ -102,6 +102,9 @@ def require_tools() -> bool:
 # workers that take whole files in collection order: each starts with one, and takes the next
 # whenever it has two or fewer tests of its own left. So the two longest start at once and the
 # short files fill the gaps at the end; `python -m tests.timeline` shows who ran what.
+# Disk: the fleet hosts' venvs (~8 GB) live while the compose test builds its images on the other
+# worker, after the local deploy, which in CI gives its venv back first: peak +25 GB over the
+# start (docs/BENCHMARKS.md, c591479).
 SLOW_FIRST = (
     "test_fleet_hosts.py",
     "test_e2e_deploy.py",

@@ -18,15 +18,21 @@ FILES = [
 ]
 
 
-def write(dest: Path, files: list[dict[str, str]] = FILES) -> str:
-    proc = subprocess.run(
+def run_writer(dest: Path, files: list[dict[str, str]] = FILES) -> subprocess.CompletedProcess[str]:
+    """The writer as the role runs it: `python -c SCRIPT`, the request on stdin."""
+    return subprocess.run(
         [sys.executable, "-c", WRITER.read_text()],
         input=json.dumps({"dir": str(dest), "files": files}),
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=False,
     )
+
+
+def write(dest: Path, files: list[dict[str, str]] = FILES) -> str:
+    proc = run_writer(dest, files)
+    assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
 
@@ -60,14 +66,7 @@ def test_a_changed_file_in_an_existing_release_is_put_back(tmp_path: Path) -> No
 def test_a_failed_write_leaves_no_release(tmp_path: Path) -> None:
     dest = tmp_path / "r"
     bad = [*FILES, {"name": "sub/x", "content": "", "mode": "0644"}]  # no such subfolder
-    proc = subprocess.run(
-        [sys.executable, "-c", WRITER.read_text()],
-        input=json.dumps({"dir": str(dest), "files": bad}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_writer(dest, bad)
     assert proc.returncode != 0
     assert list(tmp_path.iterdir()) == []  # neither the release nor its temporary folder
 
@@ -90,13 +89,6 @@ def test_a_killed_run_s_temporary_folder_is_removed_and_never_listed(tmp_path: P
 
 
 def test_an_error_names_the_cause_and_never_the_content(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", WRITER.read_text()],
-        input=json.dumps({"dir": str(tmp_path / "absent" / "r"), "files": FILES}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_writer(tmp_path / "absent" / "r")
     assert proc.returncode == 1 and proc.stdout == ""
     assert "No such file or directory" in proc.stderr and "secret" not in proc.stderr

@@ -487,7 +487,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--serial",
         default=DEFAULT_SERIAL,
-        help=f"batch sizes, hosts or %% (default {DEFAULT_SERIAL}: a canary of one, then half)",
+        help="batch sizes, hosts or percentages, comma-separated (default %(default)s: a canary "
+        "of one host, then half of the rest per batch)",
     )
     p.add_argument(
         "--interval", type=float, default=1.0, help="seconds between watch generations (1)"

@@ -3,7 +3,7 @@
 Debian's dockerd runs with its own socket, data root and exec root (so it never meets another
 engine on the machine), without a bridge or iptables rules: containers use host networking and
 all test traffic stays on loopback. No registry can be reached, so the base image is imported
-from a debootstrap root (docs/field-notes.md, "Docker"). See docs/IMAGES.md.
+from a debootstrap root (docs/SOURCES.md, "Observed on vfleet's machines"). See docs/IMAGES.md.
 """
 
 from __future__ import annotations

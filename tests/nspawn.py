@@ -3,7 +3,7 @@
 The root is built once and cached (`.cache/nspawn/`); each host is a copy with its own sshd
 port on 127.0.0.1 (the hosts share this machine's network, so every port a test uses is
 distinct) and its own host keys. The Debian mirror is read from this machine's apt sources,
-never written into the project. See docs/field-notes.md ("Real hosts and process managers").
+never written into the project. See docs/SOURCES.md ("Hosts and process managers").
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ SEED_A100 = "seeds/001 (A100 32 GB, vLLM 0.27.1, pm2)"
 SEED_SYSTEMD = "seeds/002 (2x 2080 Ti NVLink, vLLM 0.24.0 systemd unit)"
 SEED_TURBO3 = "seeds/004 (4x 2080 Ti, Caovan Turbo3, vLLM 0.21.0)"
 SEEDS_README = "seeds/README.md (recurring facts)"
-COMMUNITY = "docs/community-findings.md"
-FIELD_NOTES = "docs/field-notes.md (verified on this machine)"
+COMMUNITY = "docs/SOURCES.md#community"
+FIELD_NOTES = "docs/SOURCES.md#observed (seen on vfleet's machines)"
 VLLM_SOURCE = "vLLM source of the pinned versions (src/vfleet/vllm_versions.py)"
 
 
@@ -183,7 +183,7 @@ def _listen(c: Ctx) -> None:
 
 @rule(
     "api-key-in-env",
-    "vfleet security policy; vLLM reads VLLM_API_KEY (envs.py)",
+    "vfleet security policy; vLLM source (envs.py reads VLLM_API_KEY)",
     "the API key goes into the 0600 env file, never into argv or unit files",
 )
 def _api_key(c: Ctx) -> None:
@@ -886,7 +886,7 @@ def _obs(c: Ctx) -> None:
 SIDECAR_PORT_OFFSET = 1500
 
 
-@rule("sidecar", "issue 3 (docs/OBSERVABILITY.md)", "a metrics sidecar next to every instance")
+@rule("sidecar", "docs/OBSERVABILITY.md", "a metrics sidecar next to every instance")
 def _sidecar(c: Ctx) -> None:
     port = int(c.d["port"])
     sidecar = c.s.sidecar_port or port + SIDECAR_PORT_OFFSET
@@ -901,7 +901,11 @@ def _sidecar(c: Ctx) -> None:
     c.d["sidecar_window_s"] = c.s.sidecar_window_s or 60
 
 
-@rule("drain", "anchors.md (vLLM --shutdown-timeout, 0.18+)", "drain in-flight requests on SIGTERM")
+@rule(
+    "drain",
+    "docs/SOURCES.md#upstream (vLLM --shutdown-timeout, 0.18+)",
+    "drain in-flight requests on SIGTERM",
+)
 def _drain(c: Ctx) -> None:
     t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else 30
     c.d["shutdown_timeout_s"] = t
@@ -915,7 +919,8 @@ def _drain(c: Ctx) -> None:
 
 @rule(
     "restart-policy",
-    "docs/field-notes.md (the API server exits 0 when its engine dies; crash loop 23 restarts/min)",
+    "docs/SOURCES.md#observed (the API server exits 0 when its engine dies; "
+    "crash loop 23 restarts/min)",
     "restart on any exit, but stop a crash loop with a start limit",
 )
 def _restart_policy(c: Ctx) -> None:
@@ -958,7 +963,11 @@ def _auto_memory(c: Ctx) -> None:
     )
 
 
-@rule("operator-overrides", "deployment file / --set", "extra_args and extra_env, verbatim")
+@rule(
+    "operator-overrides",
+    "vfleet operator setting (deployment file or --set)",
+    "extra_args and extra_env, verbatim",
+)
 def _overrides(c: Ctx) -> None:
     for key, value in (c.s.extra_args or {}).items():
         if key in c.args:

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from vfleet.compile import resolve
+from vfleet.config import HostVars
 from vfleet.errors import Refused
 from vfleet.render import render_files
 from vfleet.rules import RULES
 
-from .conftest import Result
+from .conftest import REPO, Result
 
 COMBOS = [
     ("cpu", "tiny-dense"),
@@ -118,22 +119,82 @@ def test_false_booleans_render_as_no_flags() -> None:
         assert not [k for k, v in vals(profile, model).items() if v is False]
 
 
-def test_custom_all_reduce_only_over_nvlink(profiles_copy: Path) -> None:
-    assert vals("2x2080ti-22g", "qwen3.6-27b-fp8")["disable-custom-all-reduce"] is True
-    f = profiles_copy / "hardware" / "2x2080ti-22g.yaml"
-    f.write_text(f.read_text().replace("  nvlink: null", "  nvlink: true"))
-    launch = resolve("2x2080ti-22g", "qwen3.6-27b-fp8", root=profiles_copy)
-    assert "disable-custom-all-reduce" not in launch.config_values()
+# `nvidia-smi topo -m` of a real two-GPU NVLink box (H200 x2), and the same box as if its GPUs
+# were linked over the CPU socket (SYS): what a deploy reads on the host before planning.
+TOPO_NVLINK = (REPO / "tests" / "data" / "nvidia-smi-2xh200" / "topology.txt").read_text()
+TOPO_PCIE = TOPO_NVLINK.replace("NV18", "SYS ")
 
 
-def test_flashinfer_on_sm75_with_vllm_027_needs_the_plugin(profiles_copy: Path) -> None:
+def _allreduce(
+    topology: str, *sets: str, profile: str = "2x2080ti-22g", model: str = "qwen3.6-27b-fp8"
+) -> tuple[object, str]:
+    launch = resolve(
+        profile,
+        model,
+        sets=list(sets),
+        host=HostVars(gpu_topology=topology),
+    )
+    arg = next((e for e in launch.args if e.key == "disable-custom-all-reduce"), None)
+    notes = " ".join(n.message for n in launch.notes if n.rule == "all-reduce")
+    return (arg.value if arg else None), (arg.reason if arg else notes)
+
+
+def test_custom_all_reduce_from_the_hosts_real_topology() -> None:
+    # NVLink on every pair (seed 002's box): custom all-reduce stays on, as the seed ran it.
+    value, why = _allreduce(TOPO_NVLINK)
+    assert value is None and "NVLink-connected on every pair" in why
+    # PCIe / socket links: NCCL.
+    value, why = _allreduce(TOPO_PCIE)
+    assert value is True and "not NVLink-connected" in why
+    # Nothing read (a render on the control machine): NCCL, and the reason says why.
+    value, why = _allreduce("")
+    assert value is True and "not known" in why
+    # The operator (an inventory variable) forces either way, whatever the links.
+    assert _allreduce(TOPO_PCIE, "custom_all_reduce=true")[0] is None
+    assert _allreduce(TOPO_NVLINK, "custom_all_reduce=false")[0] is True
+
+
+def test_topology_of_other_gpus_is_not_known() -> None:
+    # One TP 2 replica on GPUs 2 and 3 of a 4-GPU box; the text covers GPUs 0 and 1 only.
+    value, why = _allreduce(
+        TOPO_NVLINK,
+        "tensor_parallel_size=2",
+        "gpus=[2,3]",
+        profile="4x2080ti-22g",
+        model="qwen3.6-27b-awq-int4",
+    )
+    assert value is True and "not known" in why
+
+
+def test_async_scheduling_off_only_where_its_reason_holds() -> None:
+    # SM75 with one sequence (seed 002): off, no gain there.
+    assert vals("2x2080ti-22g", "qwen3.6-27b-fp8", "max_num_seqs=1")["no-async-scheduling"] is True
+    # More sequences (seeds 000 and 004 ran 8 and 4): vLLM's default (on for MTP) stays.
+    assert "no-async-scheduling" not in vals("2x2080ti-22g", "qwen3.6-27b-fp8", "max_num_seqs=4")
+    # Not SM75: vLLM's default.
+    assert "no-async-scheduling" not in vals("a100-32g", "qwen3.8-27b-awq-mtp")
+
+
+def test_triton_attn_reason_and_graph_mode_agree() -> None:
+    launch = resolve("2x2080ti-22g", "qwen3.8-27b-awq-mtp")
+    backend = next(e for e in launch.args if e.key == "attention-backend")
+    graphs = next(e for e in launch.args if e.key == "compilation-config")
+    assert backend.value == "TRITON_ATTN" and "full CUDA graphs" not in backend.reason
+    assert graphs.value["cudagraph_mode"] == "PIECEWISE" and "PIECEWISE" in backend.reason
+
+
+def test_flashinfer_on_sm75_needs_the_plugin_from_vllm_024(profiles_copy: Path) -> None:
+    # vLLM 0.24.0 raised FLASHINFER's floor to SM80 (its flashinfer.py); without the plugin's
+    # hook a stack of 0.24 or later cannot run it on a 2080 Ti.
     f = profiles_copy / "hardware" / "2x2080ti-22g.yaml"
     f.write_text(f.read_text().replace('    plugin: "0.1.0"\n', ""))
     with pytest.raises(Refused) as exc:
         resolve("2x2080ti-22g", "qwen3.6-27b-fp8", sets=["kv_cache_dtype=fp8"], root=profiles_copy)
-    assert "FLASHINFER below SM80" in str(exc.value) and "vllm-0.24.0-flashinfer-sm75" in str(
-        exc.value
-    )
+    assert "vLLM 0.27.1 refuses FLASHINFER below SM80" in str(exc.value)
+    assert "SM75 plugin" in str(exc.value)
+    # 0.21.0 still allows SM75: no plugin needed there.
+    launch = resolve("4x2080ti-22g", "qwen3.6-27b-awq-int4", sets=["kv_cache_dtype=fp8"])
+    assert launch.config_values()["attention-backend"] == "FLASHINFER"
 
 
 def test_bench_purpose_disables_thinking() -> None:

@@ -31,7 +31,6 @@ class Accelerator(Strict):
     count: int = Field(0, ge=0)
     compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
     vram_gib: float | None = Field(None, gt=0)
-    nvlink: bool | None = None
 
     @property
     def sm(self) -> tuple[int, int] | None:
@@ -316,6 +315,10 @@ class HostVars(Strict):
     base_dir: str = "/opt/vfleet"
     python: str = "python3"
     cuda_home: str = "/usr/local/cuda"
+    # `nvidia-smi topo -m` as read on the host when a deploy plans it (the all-reduce rule
+    # decides from the real links); empty where nothing was read (a render on the control
+    # machine, a host without nvidia-smi).
+    gpu_topology: str = ""
 
     def venv_dir(self, stack: Stack) -> str:
         return f"{self.base_dir}/venvs/{stack.vllm_package}-{stack.vllm}"

@@ -59,6 +59,7 @@ def plan(
     deployment: str | None = None,
     profiles_dir: str | None = None,
     host_name: str = HostVars().name,
+    gpu_topology: str = "",
 ) -> dict[str, Any]:
     sets = list(sets or [])
     if instance:
@@ -69,7 +70,7 @@ def plan(
         deployment=Path(deployment) if deployment else None,
         sets=sets,
         root=Path(profiles_dir) if profiles_dir else None,
-        host=HostVars(name=host_name, base_dir=base_dir, python=python),
+        host=HostVars(name=host_name, base_dir=base_dir, python=python, gpu_topology=gpu_topology),
     )
     files = render_files(launch)
     rid = release_id(files)

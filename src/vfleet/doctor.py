@@ -25,6 +25,7 @@ import yaml
 from .config import HostVars, ModelArch, Quantization
 from .hostfacts import Request, is_secret, parse_env, sha256
 from .planner import weight_bytes
+from .topology import parse_topology
 
 Status = Literal["ok", "warn", "fail"]
 GIB = 1 << 30
@@ -498,28 +499,6 @@ def parse_gpus(query: str) -> list[dict[str, Any]]:
 def parse_cuda_version(header: str) -> str | None:
     m = re.search(r"CUDA Version:\s*([\d.]+)", header)
     return m.group(1) if m else None
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def parse_topology(text: str) -> dict[tuple[int, int], str]:
-    """GPU pairs -> link (NV#, PIX, PXB, PHB, NODE, SYS) from `nvidia-smi topo -m`."""
-    lines = [_ANSI.sub("", line) for line in text.splitlines()]
-    header = next((line.split("\t") for line in lines if "GPU0" in line.split()), [])
-    cols = {
-        j: int(c.strip()[3:]) for j, c in enumerate(header) if re.fullmatch(r"GPU\d+", c.strip())
-    }
-    links: dict[tuple[int, int], str] = {}
-    for line in lines:
-        cells = line.split("\t")
-        row = cells[0].strip()
-        if not re.fullmatch(r"GPU\d+", row):
-            continue
-        for j, col in cols.items():
-            if j < len(cells) and int(row[3:]) != col:
-                links[(int(row[3:]), col)] = cells[j].strip()
-    return links
 
 
 def parse_apps(text: str) -> list[dict[str, Any]]:
@@ -1296,8 +1275,13 @@ def table(findings: list[Finding], width: int) -> str:
     return "\n".join(lines)
 
 
-def host_plan(a: argparse.Namespace, hv: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The deploy plan of a.host's instance, built as `make deploy` builds it; its Python."""
+def host_plan(
+    a: argparse.Namespace, hv: dict[str, Any], gpu_topology: str = ""
+) -> tuple[dict[str, Any], str]:
+    """The deploy plan of a.host's instance, built as `make deploy` builds it; its Python.
+
+    `gpu_topology`: the host's `nvidia-smi topo -m`, which a deploy reads before planning.
+    """
     from .deploy_plan import plan as deploy_plan
 
     s = _settings(a, hv)
@@ -1311,6 +1295,7 @@ def host_plan(a: argparse.Namespace, hv: dict[str, Any]) -> tuple[dict[str, Any]
         deployment=s["deployment"],
         profiles_dir=s["profiles_dir"],
         host_name=a.host,
+        gpu_topology=gpu_topology,
     )
     return plan, str(s["python"])
 
@@ -1321,6 +1306,11 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     hv = host_vars(a.inventory, a.host)
     plan, python = host_plan(a, hv)
     facts = run_hostfacts(a.host, hv, request(plan), python)
+    topology = str((facts.get("gpus") or {}).get("topology") or "")
+    if topology:
+        # Plan again as a deploy does, with the links read on the host (the all-reduce rule),
+        # so that the drift check compares with what a deploy there would write.
+        plan, python = host_plan(a, hv, topology)
     findings = findings_from(plan, facts, drift=not a.no_drift)
     counts = summary(findings)
     if a.json:

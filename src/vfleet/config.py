@@ -7,13 +7,59 @@ every layer is validated on its own first, so an error names the file it came fr
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+# Grammars for values that reach a shell, an env file, a systemd unit or pm2's JS file
+# (docs/PROFILES.md): each is refused at load time, so no template ever sees them.
+ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+# A folder on the host: absolute, normalised (no '.', '..' or '//'), and free of what systemd
+# (%), a shell ($, quotes, spaces) or a JS string would read specially.
+PATH_PATTERN = r"^(/[A-Za-z0-9._+-]+)+$"
+# A served model name: what clients put in "model"; also a metric label.
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+# An inventory host name (a metric label, a file name in reports).
+HOST_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 # The instance a host runs when none is named (two instances per host need names).
 DEFAULT_INSTANCE = "main"
+
+
+def is_clean_path(text: str) -> bool:
+    """Absolute, normalised, and only characters no target reads specially."""
+    parts = text.split("/")[1:]
+    return re.fullmatch(PATH_PATTERN, text) is not None and not {".", ".."} & set(parts)
+
+
+def check_path(key: str, text: str | None) -> str | None:
+    if text is not None and not is_clean_path(text):
+        raise ValueError(
+            f"{key} {text!r}: an absolute, normalised path of letters, digits and . _ + - "
+            "(no %, $, spaces, quotes, '..' or a trailing /)"
+        )
+    return text
+
+
+def is_host(text: str) -> bool:
+    """An IP address or a DNS name (RFC 1123 labels)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    label = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    return len(text) <= 253 and re.fullmatch(rf"{label}(\.{label})*\.?", text) is not None
 
 
 class Strict(BaseModel):
@@ -180,8 +226,8 @@ class ModelPreset(Strict):
     served_model_name: str
     arch: ModelArch
     quantization: Quantization = Quantization()
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
+    reasoning_parser: str | None = Field(None, pattern=r"^[a-z0-9_]{1,64}$")
+    tool_call_parser: str | None = Field(None, pattern=r"^[a-z0-9_]{1,64}$")
     # Weights the planner does not derive from `arch` (e.g. the vision tower), in GiB.
     unmodelled_weights_gib: float = Field(0, ge=0)
     # The SM75 plugin's draft vocabulary for this model: a file next to this preset, built with
@@ -222,27 +268,30 @@ class Alerts(Strict):
 class ServeSettings(Strict):
     """What an operator may set, in any layer. None means: let the rules decide."""
 
-    instance: str | None = Field(None, pattern=NAME_PATTERN)
-    stack: str | None = None
-    host: str | None = None
+    instance: str | None = Field(None, pattern=NAME_PATTERN, max_length=32)
+    stack: str | None = Field(None, pattern=NAME_PATTERN, max_length=64)
+    # An IP address or a DNS name: where vLLM listens.
+    host: str | None = Field(None, max_length=253)
     port: int | None = Field(None, ge=1, le=65535)
-    served_model_name: str | None = None
-    model_dir: str | None = None
+    served_model_name: str | None = Field(None, pattern=SERVED_NAME_PATTERN)
+    model_dir: str | None = Field(None, max_length=4096)
     api_key: SecretStr | None = None
-    tensor_parallel_size: int | None = Field(None, ge=1)
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64)
     # Which of the box's devices this instance uses, so that two instances share one host
     # (the 4-GPU two-replica layout): GPU indices as nvidia-smi numbers them, or on the cpu
     # profile the cores its engine binds ("0-3", "0,2").
     gpus: list[int] | None = Field(None, min_length=1)
     cpu_cores: str | None = Field(None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float32"] | None = None
-    max_model_len: int | None = Field(None, ge=16)
-    max_num_seqs: int | None = Field(None, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=16)
+    # Upper bounds: far above what these boxes can hold, low enough to catch a typo
+    # (10^12 sequences, 10^8 GiB of KV) before a render plans with it.
+    max_model_len: int | None = Field(None, ge=16, le=16_777_216)
+    max_num_seqs: int | None = Field(None, ge=1, le=1024)
+    max_num_batched_tokens: int | None = Field(None, ge=16, le=1_048_576)
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, le=1 << 44)
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = None
-    kv_space_gib: int | None = Field(None, ge=1)
+    kv_space_gib: int | None = Field(None, ge=1, le=4096)
     attention_backend: Literal["FLASHINFER", "TRITON_ATTN", "FLASH_ATTN", "CPU_ATTN"] | None = None
     speculative: Speculative | None = None
     prefix_caching: bool | None = None
@@ -250,18 +299,18 @@ class ServeSettings(Strict):
     cudagraph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"] | None = None
     async_scheduling: bool | None = None
     custom_all_reduce: bool | None = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
+    reasoning_parser: str | None = Field(None, pattern=r"^[a-z0-9_]{1,64}$")
+    tool_call_parser: str | None = Field(None, pattern=r"^[a-z0-9_]{1,64}$")
     enable_auto_tool_choice: bool | None = None
     # "bench" renders enable_thinking: false as the default chat-template argument (seed 001 §5.6).
     language_model_only: bool | None = None
     purpose: Literal["serve", "bench"] | None = None
-    shutdown_timeout_s: int | None = Field(None, ge=0)
+    shutdown_timeout_s: int | None = Field(None, ge=0, le=3600)
     # Seconds systemd/pm2 wait before restarting a dead server.
     restart_sec: int | None = Field(None, ge=1, le=600)
     # Starts allowed within 3x the start timeout before systemd stops a crash loop.
     start_limit_burst: int | None = Field(None, ge=1, le=20)
-    omp_num_threads: int | None = Field(None, ge=1)
+    omp_num_threads: int | None = Field(None, ge=1, le=1024)
     log_requests: bool | None = None
     # The metrics sidecar (vfleet-exporter) next to this instance.
     sidecar_port: int | None = Field(None, ge=1, le=65535)
@@ -296,6 +345,38 @@ class ServeSettings(Strict):
         for key in v or {}:
             if key.startswith("-"):
                 raise ValueError(f"extra_args key {key!r}: write it without leading dashes")
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", key):
+                raise ValueError(f"extra_args key {key!r}: a vLLM option name (a-z, 0-9, -, _)")
+            if key.replace("_", "-") == "api-key":
+                raise ValueError(
+                    "extra_args api-key would be written in plain text into vllm.yaml (0644): "
+                    "set api_key instead (it goes only into the 0600 env file)"
+                )
+        return v
+
+    @field_validator("extra_env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (v or {}).items():
+            if not re.fullmatch(ENV_NAME_PATTERN, key):
+                raise ValueError(
+                    f"extra_env name {key!r}: environment variable names are A-Z, 0-9 and _ "
+                    "and do not start with a digit"
+                )
+            if "\n" in value or "\x00" in value:
+                raise ValueError(f"extra_env {key}: a value cannot hold a newline or NUL")
+        return v
+
+    @field_validator("model_dir")
+    @classmethod
+    def _model_dir(cls, v: str | None) -> str | None:
+        return check_path("model_dir", v)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        if v is not None and not is_host(v):
+            raise ValueError(f"host {v!r}: an IP address or a DNS name (e.g. 127.0.0.1)")
         return v
 
 
@@ -311,14 +392,27 @@ class HostVars(Strict):
     """Where things live on the serving host. Filled from the inventory or CLI defaults."""
 
     # The host's name in the inventory: the `host` label of its metrics.
-    name: str = "localhost"
-    base_dir: str = "/opt/vfleet"
+    name: str = Field("localhost", pattern=HOST_NAME_PATTERN)
+    base_dir: str = Field("/opt/vfleet", max_length=1024)
+    # A command on the host's PATH (python3) or an absolute path.
     python: str = "python3"
     cuda_home: str = "/usr/local/cuda"
     # `nvidia-smi topo -m` as read on the host when a deploy plans it (the all-reduce rule
     # decides from the real links); empty where nothing was read (a render on the control
     # machine, a host without nvidia-smi).
     gpu_topology: str = ""
+
+    @field_validator("base_dir", "cuda_home")
+    @classmethod
+    def _paths(cls, v: str, info: ValidationInfo) -> str:
+        return check_path(str(info.field_name), v) or v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if re.fullmatch(r"[A-Za-z0-9._+-]+", v) or is_clean_path(v):
+            return v
+        raise ValueError(f"python {v!r}: a command name (python3) or an absolute path")
 
     def venv_dir(self, stack: Stack) -> str:
         return f"{self.base_dir}/venvs/{stack.vllm_package}-{stack.vllm}"

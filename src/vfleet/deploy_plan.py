@@ -9,10 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from . import __version__
 from .compile import Launch, resolve
 from .config import HostVars
 from .monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
+from .profiles import validation_error
 from .render import (
     context,
     local_host,
@@ -64,13 +67,18 @@ def plan(
     sets = list(sets or [])
     if instance:
         sets.append(f"instance={instance}")
+    try:
+        host = HostVars(name=host_name, base_dir=base_dir, python=python, gpu_topology=gpu_topology)
+    except ValidationError as exc:
+        # Inventory variables (vfleet_base_dir, vfleet_python, the host's name).
+        raise validation_error(exc, f"inventory host {host_name}", HostVars) from None
     launch = resolve(
         profile,
         model,
         deployment=Path(deployment) if deployment else None,
         sets=sets,
         root=Path(profiles_dir) if profiles_dir else None,
-        host=HostVars(name=host_name, base_dir=base_dir, python=python, gpu_topology=gpu_topology),
+        host=host,
     )
     files = render_files(launch)
     rid = release_id(files)

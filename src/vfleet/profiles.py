@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from . import yamlio
 from .config import Baseline, Deployment, HardwareProfile, ModelPreset, ServeSettings
 from .errors import VfleetError
 
@@ -33,19 +36,7 @@ def profiles_dir(override: str | os.PathLike[str] | None = None) -> Path:
 
 
 def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise VfleetError("file not found", where=str(path)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise VfleetError(
-            f"malformed YAML: {problem}", where=where, fix="correct the YAML syntax at that line"
-        ) from None
+    return yamlio.read(path)
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -156,8 +147,79 @@ def load_deployment(path: Path) -> Deployment:
 # --------------------------------------------------------------------------- --set
 
 
+_INT = re.compile(r"^[+-]?(0|[1-9][0-9]*)$")
+_FLOAT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+
+
+def _field_annotation(parts: list[str]) -> Any:
+    """The schema's type for a dotted --set key (None: not a known key; pydantic says so)."""
+    model: Any = ServeSettings
+    annotation: Any = None
+    for n, part in enumerate(parts):
+        fields = getattr(model, "model_fields", None)
+        if fields is None:
+            # Inside a dict[str, X] (extra_env, extra_args): the value type X.
+            args = typing.get_args(annotation)
+            return args[1] if n == len(parts) - 1 and len(args) == 2 else None
+        if part not in fields:
+            return None
+        annotation = fields[part].annotation
+        inner = [a for a in typing.get_args(annotation) if a is not type(None)]
+        core = inner[0] if len(inner) == 1 else annotation
+        model = core
+        if n < len(parts) - 1 and typing.get_origin(core) is dict:
+            annotation = core
+            model = None
+    return annotation
+
+
+def _core(annotation: Any) -> Any:
+    """Optional[X] -> X."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _typed(raw: str, annotation: Any, item: str) -> Any:
+    """A --set value converted by the schema's type, never by YAML's guessing: text stays text
+    (`s3cr3t #prod` keeps its '#', `12:30` is not 750, `010` is not 8, `on` is not true)."""
+    core = _core(annotation)
+    bad = VfleetError(
+        f"{raw!r} is not a valid value",
+        where=f"--set {item}",
+        fix="see docs/PROFILES.md for the key's type",
+    )
+    if core is bool:
+        if raw.lower() not in ("true", "false"):
+            bad.fix = "write true or false"
+            raise bad
+        return raw.lower() == "true"
+    if core is int:
+        if not _INT.match(raw):
+            bad.fix = "write a whole number in decimal (e.g. 8192)"
+            raise bad
+        return int(raw)
+    if core is float:
+        if not _FLOAT.match(raw):
+            bad.fix = "write a decimal number (e.g. 0.9)"
+            raise bad
+        return float(raw)
+    if typing.get_origin(core) is list:
+        (elem,) = typing.get_args(core)
+        text = raw.strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        return [_typed(x.strip(), elem, item) for x in text.split(",") if x.strip()]
+    if annotation is None or core is Any:
+        # An escape hatch (extra_args: vLLM's own types) or an unknown key (refused by the
+        # schema with a suggestion): YAML scalars, through the strict loader.
+        return yamlio.loads(raw, f"--set {item}")
+    return raw
+
+
 def parse_set(items: list[str]) -> dict[str, Any]:
-    """`--set speculative.num_speculative_tokens=4 port=8001` -> nested dict, YAML scalars."""
+    """`--set speculative.num_speculative_tokens=4 port=8001` -> nested dict, schema-typed."""
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
@@ -167,12 +229,15 @@ def parse_set(items: list[str]) -> dict[str, Any]:
                 fix="write e.g. --set max_model_len=8192",
             )
         key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else None
-        except yaml.YAMLError:
-            value = raw
-        node = out
         parts = key.strip().split(".")
+        if raw.strip() in ("", "null", "~", "None"):
+            raise VfleetError(
+                "a value is required",
+                where=f"--set {item}",
+                fix=f"give {key.strip()} a value; to leave it to the rules, drop the --set",
+            )
+        value = _typed(raw, _field_annotation(parts), item)
+        node = out
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):

@@ -282,25 +282,24 @@ def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
     if p.gpu is not None:
         g = p.gpu
         how = (
-            f"utilisation {p.gpu_memory_utilization}"
+            f"utilisation {p.gpu_memory_utilization}: vLLM measures the profiled terms"
             if p.gpu_memory_utilization
-            else "explicit kv_cache_memory_bytes"
+            else "explicit kv_cache_memory_bytes: vLLM measures nothing"
         )
         print(
-            f"  per GPU (x{p.tp}):  total {_fmt_bytes(g.total_bytes)}, vLLM budget "
-            f"{_fmt_bytes(g.budget_bytes)} ({how})"
+            f"  per GPU (x{p.tp}): {g.total_bytes / (1 << 20):,.0f} MiB as torch reports it "
+            f"({g.card_known}); vLLM budget {g.budget_bytes / (1 << 20):,.0f} MiB ({how})"
         )
-        print(f"    weights          {_fmt_bytes(g.weights_bytes)}")
-        print(
-            f"    non-KV reserve   {_fmt_bytes(g.reserve_bytes)}   (activations, CUDA graphs, "
-            "sampler; calibrated)"
+        rows = [(t.name, t.bytes, t.uncertainty, f"{t.where}, {t.known}") for t in g.terms]
+        rows.append(("KV cache", g.kv_bytes, g.kv_uncertainty_bytes, ""))
+        rows.append(
+            ("headroom (left on the card)", g.headroom_bytes, g.headroom_uncertainty_bytes, "")
         )
-        print(f"    KV cache         {_fmt_bytes(g.kv_bytes)}")
-        print(
-            f"    outside budget   {_fmt_bytes(g.outside_budget_bytes)}   (FlashInfer "
-            "workspace, first request)"
-        )
-        print(f"    headroom         {_fmt_bytes(g.headroom_bytes)}")
+        for name, n, unc, how_known in rows:
+            print(
+                f"    {name:<40} {n / (1 << 20):8,.0f} +/- {unc / (1 << 20):5,.0f} MiB  "
+                f"{how_known}".rstrip()
+            )
     print(
         f"  KV: {kv.attn_bytes_per_token} B/token/attention layer, GDN state "
         f"{kv.mamba_state_bytes} B/sequence/layer, block {kv.block_size} tokens, page "

@@ -77,6 +77,9 @@ class Calibration(Strict):
     # The seed's logged KV pool less the computed terms, per GPU (MiB); shown as a term of
     # its own, and its size counts as uncertainty everywhere.
     residual_mib: float = 0
+    # The seed's memory in use while serving (nvidia-smi) less vLLM's request and the computed
+    # terms outside it, per GPU (MiB); shown and counted the same way.
+    runtime_residual_mib: float = 0
     fitted_to: str = ""
     validated_by: list[str] = []
     # A gpu_memory_utilization a seed ran this profile with; the auto-memory rule keeps it

@@ -23,7 +23,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 Where = Literal["profiled", "outside"]
-Known = Literal["vLLM source", "seed log", "public logs", "fitted", "unverified"]
+Known = Literal["vLLM source", "measured", "seed log", "public logs", "fitted", "unverified"]
 
 
 @dataclass(frozen=True)
@@ -46,17 +46,23 @@ class CardMemory:
     uncertainty: int
     known: Known
     source: str
+    # The CUDA context with torch initialised (taken before vLLM's start-up snapshot).
+    context_bytes: int = 384 * MIB
+    context_uncertainty: int = 128 * MIB
+    context_known: Known = "unverified"
 
 
-# The card's memory as torch reports it, by (gpu_model, nominal GiB). nvidia-smi's total is
-# larger: the driver keeps a part (nvidia-smi --query-gpu=memory.reserved).
+# The card's memory as torch reports it, by (gpu_model, nominal GiB; 0: any size). It is
+# nvidia-smi's memory.total less memory.reserved (the driver's share): on an H200 (driver
+# 580.159.04, 2026-12-01) 143,771 - 616 = 143,155 MiB, and cuMemGetInfo / torch said
+# 150,109,880,320 B = 143,155.9 MiB. nvidia-smi's memory.used excludes the reserved share.
 CARDS: dict[tuple[str, float], CardMemory] = {
     ("NVIDIA GeForce RTX 2080 Ti", 22): CardMemory(
         round(21.48 * GIB),
         5 * MIB,  # printed to 0.01 GiB
         "seed log",
-        "seeds/004: torch.cuda.get_device_properties: VRAM=21.48 GiB on each of four cards "
-        "(nvidia-smi: 22,528 MiB, seeds/002)",
+        "seeds/004: torch.cuda.get_device_properties: VRAM=21.48 GiB on each of four cards; "
+        "seeds/002's nvidia-smi (22,528 MiB, 21,720 used + ~280 free) agrees",
     ),
     ("NVIDIA A100 32GB (DRIVE-PG199-PROD)", 32): CardMemory(
         32_256 * MIB,
@@ -64,6 +70,15 @@ CARDS: dict[tuple[str, float], CardMemory] = {
         "unverified",
         "32,768 MiB less the ~1.5% the driver keeps on an A100 40 GB (torch: 39.39 GiB); "
         "no log of this part reports torch's figure",
+    ),
+    ("NVIDIA H200", 0): CardMemory(
+        150_109_880_320,
+        0,
+        "measured",
+        "measured: torch.cuda.mem_get_info on an H200, driver 580.159.04 (2026-12-01)",
+        context_bytes=527 * MIB,
+        context_uncertainty=16 * MIB,
+        context_known="measured",
     ),
 }
 # Unknown cards: the nominal size less the 2.4% a 22 GB 2080 Ti loses, +/- 1.5%.
@@ -81,7 +96,7 @@ def card_memory(profile: HardwareProfile) -> CardMemory:
             "seed log" if cal.torch_total_source.startswith("seeds/") else "unverified",
             f"profile calibration.torch_total_mib ({cal.torch_total_source or 'operator'})",
         )
-    known = CARDS.get((acc.gpu_model or "", nominal))
+    known = CARDS.get((acc.gpu_model or "", nominal)) or CARDS.get((acc.gpu_model or "", 0))
     if known is not None:
         return known
     total = int(nominal * GIB * (1 - UNKNOWN_CARD_KEPT))
@@ -216,8 +231,10 @@ def gpu_terms(
     arch: ModelArch,
     preset: ModelPreset,
     sm: tuple[int, int],
+    card: CardMemory,
     m: MemInputs,
     residual_bytes: int = 0,
+    runtime_residual_bytes: int = 0,
     residual_source: str = "",
 ) -> list[Term]:
     """Every memory term per rank besides the KV cache."""
@@ -326,13 +343,14 @@ def gpu_terms(
     terms.append(
         Term(
             "CUDA context",
-            384 * MIB,
-            128 * MIB,
+            card.context_bytes,
+            card.context_uncertainty,
             "outside",
-            "unverified",
+            card.context_known,
             "taken before vLLM's start-up snapshot (gpu_worker.py init_device), so outside "
-            "the requested memory",
-            "384 MiB (torch's context with lazy module loading)",
+            "the requested memory; 527 MiB measured on an H200 (132 SMs), less on a "
+            "68-SM 2080 Ti (the per-SM local memory reservation scales with SMs)",
+            f"{card.context_bytes / MIB:.0f} MiB",
         )
     )
     if tp > 1:
@@ -396,6 +414,20 @@ def gpu_terms(
                 f"GDN layer {m.batched_tokens} tokens x (2 B x (2 x {h} + 2 x {width}) + "
                 f"{nv}/{tp} heads x {GDN_PREFILL_BYTES_PER_TOKEN_HEAD} B) = "
                 f"{layer / MIB:.0f} MiB, less the profiled forward {forward / MIB:.0f} MiB",
+            )
+        )
+    if runtime_residual_bytes:
+        terms.append(
+            Term(
+                "unexplained at runtime (fitted)",
+                runtime_residual_bytes,
+                abs(runtime_residual_bytes),
+                "outside",
+                "fitted",
+                residual_source,
+                "the seed's nvidia-smi memory in use while serving less the request and the "
+                "terms above (allocator caching after long prefills, attention temporaries); "
+                "its own size is its uncertainty",
             )
         )
     return terms

@@ -331,15 +331,18 @@ def memory_model(
     cal = profile.calibration
     m = memory_inputs(profile, d, args, vllm)
     residual = int((cal.residual_mib if cal else 0) * MIB)
+    card = card_memory(profile)
     terms = gpu_terms(
         preset.arch,
         preset,
         profile.accelerator.sm or (0, 0),
+        card,
         m,
         residual,
-        f"profile calibration.residual_mib: {cal.fitted_to}" if cal else "",
+        int((cal.runtime_residual_mib if cal else 0) * MIB),
+        f"profile calibration: {cal.fitted_to}" if cal else "",
     )
-    return MemoryModel(card_memory(profile), terms)
+    return MemoryModel(card, terms)
 
 
 def gpu_split(model: MemoryModel, util: float | None, kv_bytes: int | None = None) -> GpuSplit:
@@ -467,7 +470,14 @@ def plan_launch(launch: Any) -> Plan:
             f"({split.outside_budget_bytes / MIB:.0f} MiB: CUDA context, NCCL, FlashInfer "
             "workspace, unprofiled GDN prefill): OOM at start-up or at the first long prefill"
         )
-    elif split is not None and split.headroom_bytes < split.headroom_uncertainty_bytes:
+    elif (
+        split is not None
+        and util is None
+        and split.headroom_bytes < split.headroom_uncertainty_bytes
+    ):
+        # With explicit KV bytes every term's error lands here. At a utilisation the fitted
+        # runtime residual already absorbs the fixed terms' errors on the seed's card, so the
+        # +/- is shown, not warned about.
         warnings.append(
             f"{split.headroom_bytes / MIB:.0f} MiB left on the card, less than the "
             f"uncertainty of the terms that must fit in it (+/- "

@@ -495,7 +495,10 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="KV capacity and memory split per GPU, before deploying",
         description="Predict the KV cache capacity exactly as vLLM computes it (block size, "
-        "GDN page padding, KV cache groups) and, for GPU profiles, the memory split per GPU. "
+        "GDN page padding, KV cache groups) and, for GPU profiles, the memory split per GPU: "
+        "the terms vLLM's start-up measures (weight, peak activation, non-torch memory, CUDA "
+        "graph estimate) and those it never budgets (CUDA context, NCCL, FlashInfer workspace, "
+        "unprofiled GDN prefill), each with its +/- and how it is known (docs/PLANNER.md). "
         "Exit 1 when the configuration does not fit (with the smallest changes that do).",
         epilog="examples:\n  vfleet plan -p cpu -m tiny-hybrid-mtp --kv-space-gib 2\n"
         "  vfleet plan -p a100-32g -m qwen3.8-27b-awq-mtp\n"

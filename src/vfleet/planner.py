@@ -468,7 +468,8 @@ def plan_launch(launch: Any) -> Plan:
             f"the card ({split.total_bytes / GIB:.2f} GiB as torch reports it) lacks "
             f"{-split.headroom_bytes / MIB:.0f} MiB for what vLLM does not budget "
             f"({split.outside_budget_bytes / MIB:.0f} MiB: CUDA context, NCCL, FlashInfer "
-            "workspace, unprofiled GDN prefill): OOM at start-up or at the first long prefill"
+            "workspace, unprofiled GDN prefill, runtime residual): OOM at start-up or at the "
+            "first long prefill"
         )
     elif (
         split is not None

@@ -194,6 +194,18 @@ def test_json_has_the_documented_keys(cli: Callable[..., Result]) -> None:
         assert key in out
     for key in ("weights_bytes", "reserve_bytes", "kv_bytes", "outside_budget_bytes"):
         assert out["gpu"][key] > 0
+    names = {t["name"] for t in out["gpu"]["terms"]}
+    assert {"weight", "peak activation", "non-torch memory", "CUDAGraph memory"} <= names
+    assert all(t["source"] and t["known"] for t in out["gpu"]["terms"])
+
+
+def test_plan_prints_every_term_with_its_uncertainty(cli: Callable[..., Result]) -> None:
+    r = cli("plan", "-p", "4x2080ti-22g", "-m", "qwen3.6-27b-awq-int4")
+    assert r.rc == 0
+    assert "21,996 MiB as torch reports it (seed log)" in r.out
+    assert "utilisation 0.868: vLLM measures the profiled terms" in r.out
+    for line in ("weight", "peak activation", "CUDAGraph memory", "FlashInfer workspace"):
+        assert any(x.strip().startswith(line) and "+/-" in x for x in r.out.splitlines()), line
 
 
 def test_layouts_show_both_4_gpu_layouts(cli: Callable[..., Result]) -> None:

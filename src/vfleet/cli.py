@@ -291,7 +291,7 @@ def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
             f"({g.card_known}); vLLM budget {g.budget_bytes / (1 << 20):,.0f} MiB ({how})"
         )
         rows = [(t.name, t.bytes, t.uncertainty, f"{t.where}, {t.known}") for t in g.terms]
-        rows.append(("KV cache", g.kv_bytes, g.kv_uncertainty_bytes, ""))
+        rows.append(("Available KV cache memory", g.kv_bytes, g.kv_uncertainty_bytes, ""))
         rows.append(
             ("headroom (left on the card)", g.headroom_bytes, g.headroom_uncertainty_bytes, "")
         )
@@ -311,8 +311,8 @@ def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
         f"{kv.bytes_per_block / (1 << 20):.1f} MiB; {kv.blocks_per_request} per max-length request"
     )
     print(
-        f"  => KV cache {kv.kv_cache_tokens:,} tokens, max concurrency "
-        f"{kv.max_concurrency:.2f}x at {p.max_model_len} tokens"
+        f"  => {'CPU' if p.device == 'cpu' else 'GPU'} KV cache size: {kv.kv_cache_tokens:,} "
+        f"tokens, max concurrency {kv.max_concurrency:.2f}x at {p.max_model_len} tokens"
     )
     for note in kv.notes:
         print(f"  note: {note}")

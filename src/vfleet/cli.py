@@ -284,25 +284,24 @@ def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
     if p.gpu is not None:
         g = p.gpu
         how = (
-            f"utilisation {p.gpu_memory_utilization}"
+            f"utilisation {p.gpu_memory_utilization}: vLLM measures the profiled terms"
             if p.gpu_memory_utilization
-            else "explicit kv_cache_memory_bytes"
+            else "explicit kv_cache_memory_bytes: vLLM measures nothing"
         )
         print(
-            f"  per GPU (x{p.tp}):  total {_fmt_bytes(g.total_bytes)}, vLLM budget "
-            f"{_fmt_bytes(g.budget_bytes)} ({how})"
+            f"  per GPU (x{p.tp}): {g.total_bytes / (1 << 20):,.0f} MiB as torch reports it "
+            f"({g.card_known}); vLLM budget {g.budget_bytes / (1 << 20):,.0f} MiB ({how})"
         )
-        print(f"    weights          {_fmt_bytes(g.weights_bytes)}")
-        print(
-            f"    non-KV reserve   {_fmt_bytes(g.reserve_bytes)}   (activations, CUDA graphs, "
-            "sampler; calibrated)"
+        rows = [(t.name, t.bytes, t.uncertainty, f"{t.where}, {t.known}") for t in g.terms]
+        rows.append(("Available KV cache memory", g.kv_bytes, g.kv_uncertainty_bytes, ""))
+        rows.append(
+            ("headroom (left on the card)", g.headroom_bytes, g.headroom_uncertainty_bytes, "")
         )
-        print(f"    KV cache         {_fmt_bytes(g.kv_bytes)}")
-        print(
-            f"    outside budget   {_fmt_bytes(g.outside_budget_bytes)}   (FlashInfer "
-            "workspace, first request)"
-        )
-        print(f"    headroom         {_fmt_bytes(g.headroom_bytes)}")
+        for name, n, unc, how_known in rows:
+            print(
+                f"    {name:<40} {n / (1 << 20):8,.0f} +/- {unc / (1 << 20):5,.0f} MiB  "
+                f"{how_known}".rstrip()
+            )
     print(
         f"  KV: {kv.attn_bytes_per_token} B/token/attention layer, GDN state "
         f"{kv.mamba_state_bytes} B/sequence/layer, block {kv.block_size} tokens, page "
@@ -314,8 +313,8 @@ def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
         f"{kv.bytes_per_block / (1 << 20):.1f} MiB; {kv.blocks_per_request} per max-length request"
     )
     print(
-        f"  => KV cache {kv.kv_cache_tokens:,} tokens, max concurrency "
-        f"{kv.max_concurrency:.2f}x at {p.max_model_len} tokens"
+        f"  => {'CPU' if p.device == 'cpu' else 'GPU'} KV cache size: {kv.kv_cache_tokens:,} "
+        f"tokens, max concurrency {kv.max_concurrency:.2f}x at {p.max_model_len} tokens"
     )
     for note in kv.notes:
         print(f"  note: {note}")
@@ -508,7 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="KV capacity and memory split per GPU, before deploying",
         description="Predict the KV cache capacity exactly as vLLM computes it (block size, "
-        "GDN page padding, KV cache groups) and, for GPU profiles, the memory split per GPU. "
+        "GDN page padding, KV cache groups) and, for GPU profiles, the memory split per GPU: "
+        "the terms vLLM's start-up measures (weight, peak activation, non-torch memory, CUDA "
+        "graph estimate) and those it never budgets (CUDA context, NCCL, FlashInfer workspace, "
+        "unprofiled GDN prefill), each with its +/- and how it is known (docs/PLANNER.md). "
         "Exit 1 when the configuration does not fit (with the smallest changes that do).",
         epilog="examples:\n  vfleet plan -p cpu -m tiny-hybrid-mtp --kv-space-gib 2\n"
         "  vfleet plan -p a100-32g -m qwen3.8-27b-awq-mtp\n"

@@ -112,15 +112,25 @@ class Stack(Strict):
 
 
 class Calibration(Strict):
-    """Memory constants of the planner's GPU model, fitted to a seed's reported figures."""
+    """Per-profile memory facts the planner cannot derive from vLLM's source (docs/PLANNER.md).
+    The memory terms themselves are computed (src/vfleet/gpu_memory.py)."""
 
-    # Non-KV memory inside vLLM's budget besides the weights: activation peak, CUDA graph
-    # pool, sampler and logits buffers, NCCL buffers. Per GPU.
-    reserve_gib: float = Field(ge=0)
-    # Allocated lazily outside vLLM's budget on the first request (FlashInfer workspace).
-    outside_budget_mib: float = Field(0, ge=0)
-    fitted_to: str
+    # The card's memory as torch reports it (nvidia-smi memory.total - memory.reserved);
+    # overrides the planner's table per GPU model.
+    torch_total_mib: float | None = Field(None, gt=0)
+    torch_total_source: str = ""
+    # The seed's logged KV pool less the computed terms, per GPU (MiB); shown as a term of
+    # its own, and its size counts as uncertainty everywhere.
+    residual_mib: float = 0
+    # The seed's memory in use while serving (nvidia-smi) less vLLM's request and the computed
+    # terms outside it, per GPU (MiB); shown and counted the same way.
+    runtime_residual_mib: float = 0
+    fitted_to: str = ""
     validated_by: list[str] = []
+    # A gpu_memory_utilization a seed ran this profile with; the auto-memory rule keeps it
+    # when the terms' uncertainty exceeds the margin explicit KV bytes would leave.
+    tested_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    tested_by: str = ""
 
 
 class HardwareProfile(Strict):

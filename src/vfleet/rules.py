@@ -971,33 +971,48 @@ def _restart_policy(c: Ctx) -> None:
 
 @rule(
     "auto-memory",
-    "vfleet planner (docs/PLANNER.md), calibrated on seeds 001 and 002",
+    "vfleet planner (docs/PLANNER.md): vLLM's memory terms from its source; " + SEED_TURBO3,
     "size the KV cache from the capacity plan when the deployment leaves memory unset",
 )
 def _auto_memory(c: Ctx) -> None:
     if not c.d.get("auto_memory"):
         return
-    from .planner import AUTO_MARGIN, GIB, auto_kv_bytes, inputs_from, kv_plan
+    from .gpu_memory import GIB, MIB, auto_memory
+    from .planner import inputs_from, kv_plan, memory_model
 
-    tp = int(c.d.get("tp", 1))
-    fit = auto_kv_bytes(c.profile, c.model, tp)
     args = {k: e.value for k, e in c.args.items()}
+    model = memory_model(c.profile, c.model, c.d, args, c.stack.vllm)
+    cal = c.profile.calibration
+    auto = auto_memory(
+        model,
+        cal.tested_gpu_memory_utilization if cal else None,
+        cal.tested_by if cal else "",
+    )
+    fit = auto.kv_bytes if auto.use_bytes else model.available_kv(auto.utilization)
     plan = kv_plan(inputs_from(c.profile, c.model.arch, c.d, args, max(fit, 0), c.stack.vllm))
     if plan.num_blocks < plan.blocks_per_request and c.strict_memory:
         c.refuse(
             f"one {c.d['max_model_len']}-token request needs {plan.blocks_per_request} KV blocks "
             f"({plan.blocks_per_request * plan.bytes_per_block / GIB:.2f} GiB per GPU); after "
-            f"the weights and the reserve {max(fit, 0) / GIB:.2f} GiB fit",
+            f"the weights and the other memory terms {max(fit, 0) / GIB:.2f} GiB fit",
             "run `vfleet plan` for the smallest change that fits (shorter max_model_len, fp8 "
             "KV, fewer draft tokens, more GPUs)",
         )
+    if not auto.use_bytes:
+        c.arg(
+            "gpu-memory-utilization",
+            auto.utilization,
+            f"{auto.utilization_source}; not --kv-cache-memory-bytes: {auto.why}; predicted "
+            f"~{plan.kv_cache_tokens:,} KV tokens (+/- "
+            f"{model.profiled_uncertainty / MIB:.0f} MiB of KV), vLLM measures the rest",
+        )
+        return
     c.arg(
         "kv-cache-memory-bytes",
         max(plan.num_blocks * plan.bytes_per_block, 1),  # whole blocks, nothing wasted
         f"planner: {plan.num_blocks} blocks of {plan.block_size} tokens = "
         f"{plan.kv_cache_tokens:,} KV tokens, {plan.max_concurrency:.2f}x at "
-        f"{c.d['max_model_len']} tokens; leaves the FlashInfer workspace and a "
-        f"{AUTO_MARGIN:.0%} margin of the card free",
+        f"{c.d['max_model_len']} tokens; {auto.why}",
     )
 
 

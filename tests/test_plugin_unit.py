@@ -202,7 +202,22 @@ def test_everything_on_when_every_condition_holds() -> None:
 def test_an_unverified_vllm_turns_every_feature_off_and_says_which_version() -> None:
     for d in decide.decide(_facts(vllm_version="0.30.0")):
         assert not d.active
-        assert "vLLM 0.30.0 is not a verified version (verified: 0.27.1, 0.32.0)" in d.reason
+        why = "vLLM 0.30.0 is not a verified version (verified: 0.24.0, 0.27.1, 0.32.0)"
+        assert why in d.reason
+
+
+def test_on_0_24_0_both_features_turn_on_with_its_own_fingerprints() -> None:
+    version = "0.24.0"
+    hooks = {t: h for prints in (VERIFIED[f][version] for f in VERIFIED) for t, h in prints.items()}
+    got = _by_feature(_facts(vllm_version=version, hooks=hooks, vllm_env={}))
+    got_fi = _by_feature(
+        _facts(vllm_version=version, hooks=hooks, vllm_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+    )
+    assert got["draft-prune"].active
+    assert got_fi["flashinfer-sm75"].active
+    # 0.32.0's fingerprints on 0.24.0 are a changed function, not a pass
+    mixed = _by_feature(_facts(vllm_version=version))
+    assert not mixed["draft-prune"].active and "differs" in mixed["draft-prune"].reason
 
 
 def test_a_changed_hooked_function_turns_its_feature_off_and_names_it() -> None:
@@ -238,6 +253,8 @@ def test_flashinfer_sm75_stays_off_and_says_why(kw: dict[str, object], reason: s
         ("0.32.0", "cpu", None, True),  # the CPU build has no Triton backend: V1
         ("0.27.1", "cuda", None, True),
         ("0.27.1", "cuda", "1", False),
+        ("0.24.0", "cuda", None, True),  # Qwen3.5/Qwen3-Next are not V2-default models there
+        ("0.24.0", "cuda", "1", False),
     ],
 )
 def test_draft_prune_needs_the_v1_model_runner(

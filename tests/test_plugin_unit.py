@@ -15,7 +15,7 @@ import pytest
 import vfleet_sm75
 from hypothesis import given
 from hypothesis import strategies as st
-from vfleet_sm75 import decide, draft_vocab, fingerprints, flashinfer_fix, settings
+from vfleet_sm75 import decide, draft_vocab, fingerprints, flashinfer_fix, settings, state
 from vfleet_sm75.flashinfer_fix import FlashInferFacts
 from vfleet_sm75.verified import HOOKS, VERIFIED
 
@@ -352,3 +352,89 @@ def test_vocab_show_reports_k_and_the_split(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "K=64 of 256 tokens" in r.stdout
     assert "round-robin 32/32, contiguous split 64/0" in r.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# the runtime decision file (VFLEET_SM75_STATE)
+
+
+def _on_off() -> list[state.Feature]:
+    return [
+        state.Feature("draft-prune", True, "drafts from K=100 of 1000 tokens"),
+        state.Feature("flashinfer-sm75", False, "not a CUDA device"),
+    ]
+
+
+def test_state_records_plugin_load_then_the_models_result(tmp_path: Path) -> None:
+    path = str(tmp_path / "state" / "plugin-features.json")
+    state.record_load(path, _on_off(), "0.1.0", "0.32.0")
+    st = state.load(path)
+    assert st.active_features() == ["draft-prune"] and st.model == ()
+    assert json.loads(Path(path).read_text())["active"] == ["draft-prune"]
+    state.record_model(path, state.Feature("draft-prune", False, "off for this model: quantised"))
+    st = state.load(path)
+    assert st.active_features() == []  # the model's checks turned it off
+    assert st.reasons()["draft-prune"].reason == "off for this model: quantised"
+    assert json.loads(Path(path).read_text())["active"] == []
+    # A later process's plugin load (a TP worker) keeps the result: its writer still runs.
+    state.record_load(path, _on_off(), "0.1.0", "0.32.0")
+    assert state.load(path).active_features() == []
+    assert [p.name for p in tmp_path.joinpath("state").iterdir()] == ["plugin-features.json"]
+
+
+def test_a_model_result_from_an_exited_process_is_dropped_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.json"
+    state.record_load(str(path), _on_off(), "0.1.0", "0.32.0")
+    state.record_model(str(path), state.Feature("draft-prune", False, "off for this model: x"))
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    doc = json.loads(path.read_text())
+    doc["model_writer"] = {"pid": int(done.stdout), "start_ticks": 1}  # a process now gone
+    path.write_text(json.dumps(doc))
+    state.record_load(str(path), _on_off(), "0.1.0", "0.32.0")
+    st = state.load(path)
+    assert st.model == () and st.active_features() == ["draft-prune"]
+
+
+@pytest.mark.parametrize(
+    "text", ["[]", '{"format": "other"}', '{"format": "vfleet-sm75.state/1", "plugin": "x"}']
+)
+def test_a_file_that_is_not_a_state_is_refused(tmp_path: Path, text: str) -> None:
+    (tmp_path / "s.json").write_text(text)
+    with pytest.raises(ValueError):
+        state.load(tmp_path / "s.json")
+
+
+def test_the_plugin_writes_off_when_not_asked_and_nothing_without_the_variable(
+    tmp_path: Path,
+) -> None:
+    """register() in a fresh interpreter (no vLLM here: nothing is imported from it when off)."""
+    code = "from vfleet_sm75 import plugin; plugin.register()"
+    path = tmp_path / "s.json"
+    for env in ({settings.ENV: "off", state.ENV_STATE: str(path)}, {settings.ENV: "off"}):
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    doc = json.loads(path.read_text())
+    assert doc["active"] == []
+    assert {f["reason"] for f in doc["features"]} == {"not asked for (VFLEET_SM75=off)"}
+    bad = tmp_path / "bad.json"
+    env = {settings.ENV: "draft-prun", state.ENV_STATE: str(bad)}
+    subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        check=True,
+    )
+    assert "unknown feature draft-prun" in json.loads(bad.read_text())["features"][0]["reason"]

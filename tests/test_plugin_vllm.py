@@ -105,6 +105,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         [python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)]
     )
     assert inst.returncode == 0, inst.stderr
+    # The default corpus a deploy builds the draft vocabulary from travels in the wheel.
+    assert (site / "vfleet_sm75" / "data" / "draft-corpus.txt").is_file()
     entry_points = next(site.glob("vfleet_sm75-*.dist-info")) / "entry_points.txt"
     assert (
         "[vllm.general_plugins]\nvfleet_sm75 = vfleet_sm75.plugin:register"
@@ -202,6 +204,9 @@ def runs(work: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "off": {"PYTHONPATH": site, "VFLEET_SM75": "off", "VFLEET_SM75_DRAFT_VOCAB": table},
         "pruned": {"PYTHONPATH": site, "VFLEET_SM75": "auto", "VFLEET_SM75_DRAFT_VOCAB": table},
     }
+    # The runtime decision file (as vfleet renders VFLEET_SM75_STATE), for the last two runs.
+    for name in ("off", "pruned"):
+        envs[name]["VFLEET_SM75_STATE"] = str(work["root"] / "state" / f"{name}.json")
     with ThreadPoolExecutor(len(envs)) as pool:
         futures = {
             name: pool.submit(_drive, work, name, {**env, "OMP_NUM_THREADS": "1"})
@@ -257,6 +262,58 @@ def test_off_is_the_same_as_not_installed(runs: dict[str, dict[str, Any]]) -> No
         == "vllm.v1.spec_decode.llm_base_proposer"
     )
     assert "vfleet" not in off["log"].lower()
+
+
+@pytest.mark.e2e
+def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
+    work: dict[str, Path], runs: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The state file the real plugin wrote inside real vLLM: plugin load plus model load; the
+    sidecar's label and the doctor's finding read from it."""
+    from vfleet_healthcheck.exporter import Identity, VllmCollector, plugin_features
+
+    pruned = work["root"] / "state" / "pruned.json"
+    doc = json.loads(pruned.read_text())
+    assert doc["vllm"] == "0.32.0" and doc["active"] == ["draft-prune"]
+    states = {f["feature"]: (f["active"], f["reason"]) for f in doc["features"]}
+    assert states["flashinfer-sm75"] == (False, "not a CUDA device (vLLM platform: cpu)")
+    assert states["draft-prune"][0] and "K=64 of 16384" in states["draft-prune"][1]
+    # Model load added its result (the engine runs in this process: VLLM_ENABLE_V1_...=0).
+    (model,) = doc["model"]
+    assert model["feature"] == "draft-prune" and model["active"]
+    assert model["reason"].startswith("drafts from K=64 of 16384 tokens; TP rank 0 of 1 holds 64")
+    off = json.loads((work["root"] / "state" / "off.json").read_text())
+    assert off["active"] == [] and {f["reason"] for f in off["features"]} == {
+        "not asked for (VFLEET_SM75=off)"
+    }
+    assert plugin_features(pruned) == "draft-prune"
+    assert plugin_features(work["root"] / "state" / "off.json") == ""
+
+    # The sidecar's vfleet_info label, read at the scrape (vLLM itself is not running now).
+    collector = VllmCollector(
+        "http://127.0.0.1:9", timeout=0.2, identity=Identity({"host": "h"}, {}, pruned)
+    )
+    info = next(m for m in collector.collect() if m.name == "vfleet_info")
+    assert info.samples[0].labels["plugin_features"] == "draft-prune"
+
+    # vfleet doctor: hostfacts reads the file the rendered VFLEET_SM75_STATE names.
+    from vfleet.deploy_plan import plan as deploy_plan
+    from vfleet.doctor import check_plugin, request
+    from vfleet.hostfacts import gather
+
+    p = deploy_plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "vf"))
+    req = request(p)
+    assert req["plugin_state_file"] == f"{tmp_path}/vf/instances/main/state/plugin-features.json"
+    Path(req["plugin_state_file"]).parent.mkdir(parents=True)
+    shutil.copy(pruned, req["plugin_state_file"])
+    (finding,) = check_plugin(p, gather(req))
+    assert finding.status == "ok"
+    assert finding.message.startswith("vfleet-sm75 0.1.0 on vLLM 0.32.0: draft-prune on (drafts")
+    assert "flashinfer-sm75 off (not a CUDA device (vLLM platform: cpu))" in finding.message
+    # A file older than the running server is from an earlier start: it says so.
+    facts = {**gather(req), "instance": {"started_at": doc["written_at"] + 60}}
+    (stale,) = check_plugin(p, facts)
+    assert stale.status == "warn" and "from an earlier start" in stale.message
 
 
 def test_pruned_head_equals_the_reference_at_tp1_and_tp2(work: dict[str, Path]) -> None:
@@ -450,11 +507,13 @@ def test_vllm_0_24_0_accepts_flashinfer_on_sm75_at_plugin_load_only_with_the_fix
     site = _flashinfer_site(flashinfer)
     path = [str(_source(SRC024)), str(site), *([str(work["site"])] if plugin else [])]
     out = work["root"] / f"sm75-{flashinfer}-{plugin}.json"
+    state = work["root"] / f"sm75-{flashinfer}-{plugin}.state.json"
     env = {
         "PYTHONPATH": ":".join(path),
         "VFLEET_SM75": "auto",
         "VLLM_USE_FLASHINFER_SAMPLER": "0",
         "FLASHINFER_NVCC": "/usr/local/cuda/bin/nvcc",
+        "VFLEET_SM75_STATE": str(state),
     }
     r = _run([_python(VENV32), str(HERE / "check_sm75_load.py"), str(out)], env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -469,7 +528,11 @@ def test_vllm_0_24_0_accepts_flashinfer_on_sm75_at_plugin_load_only_with_the_fix
         assert "'compute capability not supported'" in got["FLASHINFER"]["error"]
     if plugin and not accepted:
         assert f"flashinfer-sm75=off (FlashInfer {flashinfer} lacks the SM75 fix" in log
-    if not plugin:
-        assert "vfleet" not in log.lower()
+    if plugin:  # the decision file says the same as the log line
+        doc = json.loads(state.read_text())
+        assert doc["vllm"] == "0.24.0"
+        assert doc["active"] == (["flashinfer-sm75"] if accepted else [])
+    else:
+        assert "vfleet" not in log.lower() and not state.exists()
     # Auto-selection on SM75 is stock either way: TRITON_ATTN.
     assert got["auto"]["backend"].endswith("triton_attn.TritonAttentionBackend")

@@ -13,9 +13,10 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
+import os
 from typing import Any
 
-from . import draft_vocab
+from . import draft_vocab, state
 from .log import log
 from .settings import ENV_TABLE
 
@@ -78,8 +79,21 @@ def why_not(proposer: Any, table: draft_vocab.DraftVocab) -> str | None:
     return None
 
 
-def _off(reason: str) -> None:
+def _record(proposer: Any, active: bool, reason: str) -> None:
+    """The model's result into VFLEET_SM75_STATE (TP rank 0 writes it), if set."""
+    path = os.environ.get(state.ENV_STATE)
+    lm_head = getattr(getattr(proposer, "model", None), "lm_head", None)
+    if not path or int(getattr(lm_head, "tp_rank", 0) or 0) != 0:
+        return
+    try:
+        state.record_model(path, state.Feature("draft-prune", active, reason))
+    except Exception as exc:
+        log(logging.WARNING, f"vfleet-sm75: cannot write {state.ENV_STATE}={path}: {exc!r}")
+
+
+def _off(reason: str, proposer: Any = None) -> None:
     log(logging.WARNING, f"vfleet-sm75: draft-prune off for this model (full draft head): {reason}")
+    _record(proposer, False, f"off for this model (full draft head): {reason}")
 
 
 def attach(proposer: Any) -> None:
@@ -90,7 +104,7 @@ def attach(proposer: Any) -> None:
         return
     reason = why_not(proposer, table)
     if reason is not None:
-        _off(reason)
+        _off(reason, proposer)
         return
     import torch
 
@@ -129,7 +143,10 @@ def attach(proposer: Any) -> None:
     except Exception as exc:
         error = exc
     if not agreed(error is None):
-        _off(f"could not allocate the pruned head: {error!r}" if error else "another rank failed")
+        _off(
+            f"could not allocate the pruned head: {error!r}" if error else "another rank failed",
+            proposer,
+        )
         return
     try:
         with torch.no_grad():
@@ -146,18 +163,22 @@ def attach(proposer: Any) -> None:
     except Exception as exc:
         error = exc
     if not agreed(error is None):
-        _off(f"building the pruned head failed: {error!r}" if error else "another rank failed")
+        _off(
+            f"building the pruned head failed: {error!r}" if error else "another rank failed",
+            proposer,
+        )
         return
     proposer._vfleet_pruned_head = head.PrunedHead(weight, ids, tp, all_gather)
     k = len(table.token_ids)
     contiguous = draft_vocab.contiguous_counts(table.token_ids, table.vocab_size, tp)
     mib = weight.numel() * weight.element_size() / 2**20
-    log(
-        logging.INFO,
-        f"vfleet-sm75: draft-prune on: drafts from K={k} of {table.vocab_size} tokens; TP rank "
+    on = (
+        f"drafts from K={k} of {table.vocab_size} tokens; TP rank "
         f"{rank} of {tp} holds {weight.shape[0]} rows ({mib:.1f} MiB; vLLM's contiguous split "
-        f"would give ranks {'/'.join(map(str, contiguous))})",
+        f"would give ranks {'/'.join(map(str, contiguous))})"
     )
+    log(logging.INFO, f"vfleet-sm75: draft-prune on: {on}")
+    _record(proposer, True, on)
 
 
 def install(table: draft_vocab.DraftVocab, path: str) -> None:
@@ -183,7 +204,7 @@ def install(table: draft_vocab.DraftVocab, path: str) -> None:
             attach(self)
         except Exception as exc:  # never break serving: fall back to the full head
             self._vfleet_pruned_head = None
-            _off(repr(exc))
+            _off(repr(exc), self)
         return result
 
     P._greedy_sample = _greedy_sample

@@ -536,3 +536,28 @@ def test_vllm_0_24_0_accepts_flashinfer_on_sm75_at_plugin_load_only_with_the_fix
         assert "vfleet" not in log.lower() and not state.exists()
     # Auto-selection on SM75 is stock either way: TRITON_ATTN.
     assert got["auto"]["backend"].endswith("triton_attn.TritonAttentionBackend")
+
+
+@pytest.mark.parametrize("version", ["0.24.0", "0.32.0"])
+def test_draft_prune_attaches_to_each_versions_own_lm_head(
+    work: dict[str, Path], version: str
+) -> None:
+    """The model-load step on vLLM's own ParallelLMHead and LogitsProcessor (0.24.0's from its
+    GPU wheel's source, whose layer has no tp_rank; 0.32.0's from the venv), TP=1 on the CPU;
+    tests/plugin/check_attach.py says what stands in."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = [str(_source(SRC024))] if version == "0.24.0" else []
+    out = work["root"] / f"attach-{version}.json"
+    r = _run(
+        [_python(VENV32), str(HERE / "check_attach.py"), str(out), str(port)],
+        env={"PYTHONPATH": ":".join([*path, str(work["site"])])},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["vllm"] == version and got["has_tp_rank"] is (version != "0.24.0")
+    assert got["attached"] and got["rows"] == 96
+    assert got["got"] == got["want"]

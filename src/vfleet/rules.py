@@ -463,7 +463,6 @@ def _threads(c: Ctx) -> None:
         )
 
 
-# Compile caches: env var -> folder under the instance's cache dir.
 # The draft vocabulary's name inside a release (render.py writes it there).
 DRAFT_VOCAB_FILE = "draft-vocab.json"
 
@@ -486,6 +485,7 @@ def plugin_state_file(host: HostVars, instance: str) -> str:
     return f"{host.instance_dir(instance)}/state/plugin-features.json"
 
 
+# Compile caches: env var -> folder under the instance's cache dir.
 CACHE_ENV = {
     "VLLM_CACHE_ROOT": "vllm",
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",

@@ -79,11 +79,28 @@ def why_not(proposer: Any, table: draft_vocab.DraftVocab) -> str | None:
     return None
 
 
+def tp_rank(lm_head: Any) -> int:
+    """This process's rank in the LM head's TP group. 0.27.1+ keep it on the layer; 0.24.0's
+    VocabParallelEmbedding keeps only tp_size, so ask vLLM's parallel state there."""
+    rank = getattr(lm_head, "tp_rank", None)
+    if rank is None:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+    return int(rank)
+
+
 def _record(proposer: Any, active: bool, reason: str) -> None:
     """The model's result into VFLEET_SM75_STATE (TP rank 0 writes it), if set."""
     path = os.environ.get(state.ENV_STATE)
     lm_head = getattr(getattr(proposer, "model", None), "lm_head", None)
-    if not path or int(getattr(lm_head, "tp_rank", 0) or 0) != 0:
+    if not path:
+        return
+    try:
+        rank = tp_rank(lm_head) if lm_head is not None else 0
+    except Exception:  # no TP group (a model that never loaded): one process, it writes
+        rank = 0
+    if rank != 0:
         return
     try:
         state.record_model(path, state.Feature("draft-prune", active, reason))
@@ -111,7 +128,7 @@ def attach(proposer: Any) -> None:
     from . import head
 
     lm_head, lp = proposer.model.lm_head, proposer.model.logits_processor
-    tp, rank = int(lm_head.tp_size), int(lm_head.tp_rank)
+    tp, rank = int(lm_head.tp_size), tp_rank(lm_head)
     all_reduce = all_gather = None
     if tp > 1:
         from vllm.distributed import get_tp_group, tensor_model_parallel_all_gather

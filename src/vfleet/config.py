@@ -322,6 +322,11 @@ class ServeSettings(Strict):
     start_limit_burst: int | None = Field(None, ge=1, le=20)
     omp_num_threads: int | None = Field(None, ge=1, le=1024)
     log_requests: bool | None = None
+    # The SM75 plugin's draft vocabulary on the host (docs/PROFILES.md): a corpus to build it
+    # from with the model's tokenizer, or a pre-built table; K of the table built there.
+    draft_vocab_corpus: str | None = Field(None, pattern=r"^/")
+    draft_vocab_file: str | None = Field(None, pattern=r"^/.*\.json$")
+    draft_vocab_top: int | None = Field(None, ge=1)
     # The metrics sidecar (vfleet-exporter) next to this instance.
     sidecar_port: int | None = Field(None, ge=1, le=65535)
     sidecar_window_s: int | None = Field(None, ge=5, le=3600)

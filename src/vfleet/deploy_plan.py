@@ -6,6 +6,7 @@ the venv, builds or checks the model and starts the service. All decisions stay 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,12 @@ def plan(
         # A model_dir the operator set means "my weights": never generated over, only checked.
         "model_generator": None if launch.settings.model_dir else launch.model.source.generator,
         "model_arch": launch.model.arch.model_dump(),
+        # The SM75 plugin's draft vocabulary to build on the host (tasks/draft_vocab.yml), or None.
+        "draft_vocab_build": (
+            asdict(launch.ctx.d["draft_vocab_build"])
+            if "draft_vocab_build" in launch.ctx.d
+            else None
+        ),
         "model_architecture": launch.model.arch.architecture,
         "files": [{"name": f.name, "content": f.content, "mode": f"{f.mode:04o}"} for f in files],
         "unit_name": unit_name(inst),

@@ -105,7 +105,7 @@ def request(plan: dict[str, Any]) -> Request:
     """What hostfacts.py should look at on the host for this plan."""
     dirs = plan["dirs"]
     secrets = secret_keys(plan)
-    return {
+    req: Request = {
         "base_dir": dirs["base"],
         "instance_dir": dirs["instance"],
         "current_dir": dirs["current"],
@@ -123,6 +123,10 @@ def request(plan: dict[str, Any]) -> Request:
         "env_prefixes": ENV_PREFIXES,
         "secret_keys": secrets,
     }
+    plugin_state = rendered_env(plan).get("VFLEET_SM75_STATE")
+    if plugin_state:  # the SM75 plugin's runtime decision (check_plugin)
+        req["plugin_state_file"] = plugin_state
+    return req
 
 
 def make_deploy(plan: dict[str, Any], change: str = "") -> str:
@@ -416,6 +420,42 @@ def check_model(plan: dict[str, Any], facts: dict[str, Any]) -> list[Finding]:
             f"{_gib(m['weights_bytes'])} of safetensors",
         )
     ]
+
+
+def check_plugin(plan: dict[str, Any], facts: dict[str, Any]) -> list[Finding]:
+    """The SM75 plugin's runtime decision, as the running server wrote it (VFLEET_SM75_STATE)."""
+    path = rendered_env(plan).get("VFLEET_SM75_STATE")
+    if not path:
+        return []
+    from vfleet_sm75 import state  # the plugin's own reader: one definition of the file
+
+    inst = facts.get("instance")
+    restart = f"restart the instance ({make_deploy(plan)}), then look again"
+    data = facts.get("plugin_state")
+    if data is None:
+        if any(e.startswith("plugin state:") for e in facts.get("errors", [])):
+            return unknown("plugin", facts, "plugin state", f"make {path} readable")
+        if not inst:
+            return [ok("plugin", f"not started: the plugin writes {path} when vLLM starts")]
+        return [
+            warn(
+                "plugin",
+                f"the running server wrote no {path}: it started before this release "
+                "(or without the plugin installed in its venv)",
+                restart,
+            )
+        ]
+    try:
+        st = state.from_json(data)
+    except ValueError as exc:
+        return [warn("plugin", f"{path}: {exc}", restart)]
+    now = "; ".join(
+        f"{f.feature} {'on' if f.active else 'off'} ({f.reason})" for f in st.reasons().values()
+    )
+    started = (inst or {}).get("started_at")
+    if started is not None and st.written_at < started - CLOCK_SLACK_S:
+        return [warn("plugin", f"{path} is from an earlier start: {now}", restart)]
+    return [ok("plugin", f"vfleet-sm75 {st.plugin} on vLLM {st.vllm or '-'}: {now}")]
 
 
 def _tree(proc: dict[str, Any] | None) -> set[int]:
@@ -1144,7 +1184,8 @@ def judge(plan: dict[str, Any], facts: dict[str, Any]) -> list[Finding]:
     """Preflight: is this host fit for the plan, and is the instance healthy?"""
     checks = [check_python, check_packages, check_time]
     checks += [check_gpus] if plan["accelerator"]["kind"] == "cuda" else [check_cpu, check_memory]
-    checks += [check_threads, check_disk, check_model, check_ports, check_service, check_copies]
+    checks += [check_threads, check_disk, check_model, check_plugin, check_ports, check_service]
+    checks += [check_copies]
     checks += [check_http]
     return [finding for check in checks for finding in check(plan, facts)]
 

@@ -71,6 +71,7 @@ class Request(TypedDict):
     env_prefixes: list[str]  # ...and every key starting with one of these
     secret_keys: list[str]  # values hashed (sha256 hex), never sent in clear
     timeout_s: NotRequired[float]  # per external command (default 15)
+    plugin_state_file: NotRequired[str]  # the SM75 plugin's runtime decision (JSON), if any
 
 
 class GatherError(Exception):
@@ -794,6 +795,12 @@ def gather(req: Request) -> dict[str, Any]:
         # No log file yet (never started) is a fact, not a failure to gather one.
         "log_tail": attempt("log", lambda: log_tail(req["log_file"]), errors)
         if os.path.exists(req["log_file"])
+        else None,
+        # The SM75 plugin's decision as the running server wrote it; None before a start.
+        "plugin_state": attempt(
+            "plugin state", lambda: json.loads(Path(plugin_state).read_text()), errors
+        )
+        if (plugin_state := req.get("plugin_state_file")) and os.path.exists(plugin_state)
         else None,
         # Asked only of this instance's own server: a foreign one on the port says nothing.
         "http": http_facts(req["url"], api_key) if instance else None,

@@ -23,7 +23,7 @@ import yaml
 from . import __version__
 from .compile import Launch
 from .errors import VfleetError
-from .rules import CACHE_ENV, DRAFT_VOCAB_FILE
+from .rules import CACHE_ENV, DRAFT_VOCAB_FILE, plugin_state_file
 from .warmup import warmup_plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -243,9 +243,15 @@ def sidecar_config(launch: Launch) -> dict[str, Any]:
             "stack": launch.stack_name,
             "torch": stack.torch,
             "plugin": stack.plugin or "",
-            # The SM75 plugin reports its active features itself (issue 6); none yet.
+            # Read from plugin_state at each scrape where the stack carries the plugin.
             "plugin_features": "",
         },
+        # The SM75 plugin's runtime decision (VFLEET_SM75_STATE): the features on now.
+        **(
+            {"plugin_state": plugin_state_file(launch.host, launch.instance)}
+            if stack.plugin
+            else {}
+        ),
     }
 
 

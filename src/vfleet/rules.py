@@ -469,10 +469,29 @@ def _threads(c: Ctx) -> None:
         )
 
 
-# Compile caches: env var -> folder under the instance's cache dir.
 # The draft vocabulary's name inside a release (render.py writes it there).
 DRAFT_VOCAB_FILE = "draft-vocab.json"
 
+
+# Seed 000's table size (65,536 of Qwen3.x's 248,320 rows); half of a smaller vocabulary.
+DRAFT_VOCAB_TOP = 65536
+
+
+@dataclass(frozen=True)
+class DraftVocabBuild:
+    """A draft vocabulary the deploy builds on the host with the model's own tokenizer."""
+
+    out: str  # VFLEET_SM75_DRAFT_VOCAB
+    corpus: str | None  # a file on the host; None: the plugin's shipped default corpus
+    top: int
+
+
+def plugin_state_file(host: HostVars, instance: str) -> str:
+    """Where the SM75 plugin writes its runtime decision (the sidecar and the doctor read it)."""
+    return f"{host.instance_dir(instance)}/state/plugin-features.json"
+
+
+# Compile caches: env var -> folder under the instance's cache dir.
 CACHE_ENV = {
     "VLLM_CACHE_ROOT": "vllm",
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
@@ -516,6 +535,14 @@ def _caches(c: Ctx) -> None:
 
 @rule("plugin", SEED_BOOST, "enable the vfleet SM75 plugin where the stack carries it")
 def _plugin(c: Ctx) -> None:
+    asked = [
+        k for k in ("draft_vocab_corpus", "draft_vocab_file", "draft_vocab_top") if getattr(c.s, k)
+    ]
+    if asked and not c.stack.plugin:
+        c.refuse(
+            f"{', '.join(asked)}: stack {c.stack_name} does not carry the SM75 plugin",
+            "drop them, or pick a stack with plugin: (vfleet profiles)",
+        )
     if c.stack.plugin:
         c.setenv(
             "VFLEET_SM75",
@@ -523,13 +550,59 @@ def _plugin(c: Ctx) -> None:
             "plugin features turn themselves on when their "
             "conditions hold and log why not otherwise (VFLEET_SM75=off to disable)",
         )
-        if c.model.draft_vocab:
-            c.setenv(
-                "VFLEET_SM75_DRAFT_VOCAB",
-                f"{c.host.instance_dir(c.instance)}/current/{DRAFT_VOCAB_FILE}",
-                f"the model's draft vocabulary ({c.model.draft_vocab}), shipped in the release: "
-                "MTP drafts from its most frequent tokens, outputs unchanged",
-            )
+        c.setenv(
+            "VFLEET_SM75_STATE",
+            plugin_state_file(c.host, c.instance),
+            "the plugin writes which features are on and why there; the sidecar's "
+            "plugin_features label and vfleet doctor report it",
+        )
+        _draft_vocab(c)
+
+
+def _draft_vocab(c: Ctx) -> None:
+    """Which draft vocabulary the plugin reads: the operator's table, a table built on the host
+    from the operator's corpus, the preset's shipped table, or one built from the default
+    corpus (in that order). Only MTP models draft from it."""
+    key = "VFLEET_SM75_DRAFT_VOCAB"
+    built = f"{c.host.instance_dir(c.instance)}/state/{DRAFT_VOCAB_FILE}"
+    vocab = c.model.arch.vocab_size
+    top = c.s.draft_vocab_top or min(DRAFT_VOCAB_TOP, vocab // 2)
+    if c.s.draft_vocab_file:
+        c.setenv(key, c.s.draft_vocab_file, "the operator's table (draft_vocab_file)")
+    elif c.s.draft_vocab_corpus:
+        c.d["draft_vocab_build"] = DraftVocabBuild(built, c.s.draft_vocab_corpus, top)
+        c.setenv(
+            key,
+            built,
+            f"built at deploy with the model's own tokenizer over {c.s.draft_vocab_corpus} "
+            f"(draft_vocab_corpus), K={top}: MTP drafts from its most frequent tokens",
+        )
+    elif c.model.draft_vocab:
+        c.setenv(
+            key,
+            f"{c.host.instance_dir(c.instance)}/current/{DRAFT_VOCAB_FILE}",
+            f"the model's draft vocabulary ({c.model.draft_vocab}), shipped in the release: "
+            "MTP drafts from its most frequent tokens, outputs unchanged",
+        )
+    elif c.model.arch.mtp_layers:
+        c.d["draft_vocab_build"] = DraftVocabBuild(built, None, top)
+        c.setenv(
+            key,
+            built,
+            "built at deploy with the model's own tokenizer over the plugin's default corpus "
+            f"(draft_vocab_corpus to name yours), K={top}: MTP drafts from its most frequent "
+            "tokens, outputs unchanged",
+        )
+    if c.s.draft_vocab_top is not None and "draft_vocab_build" not in c.d:
+        c.refuse(
+            "draft_vocab_top sets K of a table built on the host, and none is built here",
+            "drop draft_vocab_top, or name a corpus with draft_vocab_corpus",
+        )
+    if "draft_vocab_build" in c.d and not 1 <= top < vocab:
+        c.refuse(
+            f"draft_vocab_top {top} must be below the model's vocabulary ({vocab})",
+            f"set draft_vocab_top between 1 and {vocab - 1}",
+        )
 
 
 # =========================================================================== memory

@@ -115,10 +115,27 @@ def fetch(url: str, timeout: float) -> str:
     return body.decode("utf-8", errors="replace")
 
 
+# The SM75 plugin's state file (vfleet_sm75/state.py writes it): its "active" list is the label.
+PLUGIN_STATE_FORMAT = "vfleet-sm75.state/1"
+
+
+def plugin_features(path: Path) -> str:
+    """The plugin's features on now, comma-separated; "" if none. OSError/ValueError if the
+    file cannot be read as the plugin's state (not written yet, say)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != PLUGIN_STATE_FORMAT:
+        raise ValueError(f"{path}: not a vfleet-sm75 state file")
+    active = data.get("active")
+    if not isinstance(active, list):
+        raise ValueError(f"{path}: no list of active features")
+    return ",".join(str(a) for a in active)
+
+
 @dataclass
 class Identity:
     labels: dict[str, str] = field(default_factory=dict)  # IDENTITY keys
     info: dict[str, str] = field(default_factory=dict)  # INFO_KEYS
+    plugin_state: Path | None = None  # read at each scrape for info's plugin_features
 
     @classmethod
     def from_file(cls, path: Path) -> Identity:
@@ -132,7 +149,8 @@ class Identity:
         real = path.resolve()
         if real.parent.parent.name == "releases":
             info.setdefault("release", real.parent.name)
-        return cls(labels, info)
+        state = data.get("plugin_state")
+        return cls(labels, info, Path(state) if isinstance(state, str) and state else None)
 
 
 class VllmCollector(Collector):
@@ -237,10 +255,17 @@ class VllmCollector(Collector):
             "What this instance runs (always 1).",
             labels=[*names, *INFO_KEYS, "exporter_version", "metrics_table"],
         )
+        info_values = dict(self.identity.info)
+        if self.identity.plugin_state is not None:
+            try:
+                info_values["plugin_features"] = plugin_features(self.identity.plugin_state)
+            except (OSError, ValueError) as exc:
+                self._once(f"plugin-state:{exc}", f"plugin_features unknown: {exc}")
+                info_values["plugin_features"] = ""
         info.add_metric(
             [
                 *values,
-                *(self.identity.info.get(k, "") for k in INFO_KEYS),
+                *(info_values.get(k, "") for k in INFO_KEYS),
                 __version__,
                 self.table_version,
             ],

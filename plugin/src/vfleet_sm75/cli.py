@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import __version__, decide, draft_vocab, settings
+from . import __version__, decide, draft_vocab, settings, state
 from .verified import HOOKS, VERIFIED
 
 EPILOG = f"""\
@@ -21,11 +21,15 @@ environment:
       the draft vocabulary table (vfleet-sm75 vocab build)
   {settings.ENV_TOP_K}=K
       use only the K most frequent ids of the table (default: all)
+  {state.ENV_STATE}=FILE
+      vLLM writes the plugin's decision there (JSON; vfleet's sidecar and doctor read it)
 
 examples:
   VFLEET_SM75=auto VFLEET_SM75_DRAFT_VOCAB=vocab.json vfleet-sm75 doctor
   vfleet-sm75 vocab build --tokenizer /models/Qwen3.8-27B --corpus zh.txt en.txt --top 65536 \\
       --eval answers-zh.txt --out qwen3.8-27b.draft-vocab.json
+  vfleet-sm75 vocab build --tokenizer /models/Qwen3.8-27B --out vocab.json --if-changed
+      (the plugin's default corpus; nothing done if vocab.json was built from the same inputs)
   vfleet-sm75 vocab show qwen3.8-27b.draft-vocab.json --tp 2
 """
 
@@ -110,12 +114,21 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     tokenizer = Path(args.tokenizer)
-    files = [Path(p) for p in args.corpus]
+    files = [Path(p) for p in args.corpus] if args.corpus else [draft_vocab.DEFAULT_CORPUS]
     evaluate = [Path(p) for p in args.eval or []]
     for p in [*files, *evaluate]:
         if not p.is_file():
             print(f"vfleet-sm75: error: {p}: no such file", file=sys.stderr)
             return 2
+    if args.if_changed:
+        try:
+            same = draft_vocab.built_from(Path(args.out), tokenizer, files, args.top)
+        except draft_vocab.TableError as exc:
+            print(f"vfleet-sm75: error: {exc}", file=sys.stderr)
+            return 2
+        if same:
+            print(f"{args.out}: unchanged (same tokenizer, corpus and K)")
+            return 0
     print(f"counting tokens in {len(files)} corpus file(s) with {tokenizer}...", file=sys.stderr)
     try:
         table = draft_vocab.build(tokenizer, files, args.top, evaluate)
@@ -200,10 +213,22 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--tokenizer", required=True, metavar="DIR", help="model dir with tokenizer.json"
     )
-    b.add_argument("--corpus", required=True, nargs="+", metavar="FILE", help="UTF-8 text files")
+    b.add_argument(
+        "--corpus",
+        nargs="+",
+        metavar="FILE",
+        help="UTF-8 text files (default: the plugin's own small mixed corpus, "
+        f"{draft_vocab.DEFAULT_CORPUS.name}: English, Chinese and code, written for the project)",
+    )
     b.add_argument("--top", type=int, default=65536, metavar="K", help="table size (default 65536)")
     b.add_argument("--eval", nargs="*", metavar="FILE", help="held-out files to report coverage on")
     b.add_argument("--out", required=True, metavar="FILE", help="where to write the table (JSON)")
+    b.add_argument(
+        "--if-changed",
+        action="store_true",
+        help="do nothing (and say 'unchanged') if --out was built from this tokenizer, these "
+        "corpus files and this K (their SHA-256s, as the table records them)",
+    )
     b.add_argument("--tp", type=int, default=2, help="show the split for this TP size (default 2)")
     b.add_argument(
         "--min-coverage", type=float, default=0.95, help="warn below this coverage (default 0.95)"

@@ -13,9 +13,10 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
+import os
 from typing import Any
 
-from . import draft_vocab
+from . import draft_vocab, state
 from .log import log
 from .settings import ENV_TABLE
 
@@ -78,8 +79,38 @@ def why_not(proposer: Any, table: draft_vocab.DraftVocab) -> str | None:
     return None
 
 
-def _off(reason: str) -> None:
+def tp_rank(lm_head: Any) -> int:
+    """This process's rank in the LM head's TP group. 0.27.1+ keep it on the layer; 0.24.0's
+    VocabParallelEmbedding keeps only tp_size, so ask vLLM's parallel state there."""
+    rank = getattr(lm_head, "tp_rank", None)
+    if rank is None:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+    return int(rank)
+
+
+def _record(proposer: Any, active: bool, reason: str) -> None:
+    """The model's result into VFLEET_SM75_STATE (TP rank 0 writes it), if set."""
+    path = os.environ.get(state.ENV_STATE)
+    lm_head = getattr(getattr(proposer, "model", None), "lm_head", None)
+    if not path:
+        return
+    try:
+        rank = tp_rank(lm_head) if lm_head is not None else 0
+    except Exception:  # no TP group (a model that never loaded): one process, it writes
+        rank = 0
+    if rank != 0:
+        return
+    try:
+        state.record_model(path, state.Feature("draft-prune", active, reason))
+    except Exception as exc:
+        log(logging.WARNING, f"vfleet-sm75: cannot write {state.ENV_STATE}={path}: {exc!r}")
+
+
+def _off(reason: str, proposer: Any = None) -> None:
     log(logging.WARNING, f"vfleet-sm75: draft-prune off for this model (full draft head): {reason}")
+    _record(proposer, False, f"off for this model (full draft head): {reason}")
 
 
 def attach(proposer: Any) -> None:
@@ -90,14 +121,14 @@ def attach(proposer: Any) -> None:
         return
     reason = why_not(proposer, table)
     if reason is not None:
-        _off(reason)
+        _off(reason, proposer)
         return
     import torch
 
     from . import head
 
     lm_head, lp = proposer.model.lm_head, proposer.model.logits_processor
-    tp, rank = int(lm_head.tp_size), int(lm_head.tp_rank)
+    tp, rank = int(lm_head.tp_size), tp_rank(lm_head)
     all_reduce = all_gather = None
     if tp > 1:
         from vllm.distributed import get_tp_group, tensor_model_parallel_all_gather
@@ -129,7 +160,10 @@ def attach(proposer: Any) -> None:
     except Exception as exc:
         error = exc
     if not agreed(error is None):
-        _off(f"could not allocate the pruned head: {error!r}" if error else "another rank failed")
+        _off(
+            f"could not allocate the pruned head: {error!r}" if error else "another rank failed",
+            proposer,
+        )
         return
     try:
         with torch.no_grad():
@@ -146,18 +180,22 @@ def attach(proposer: Any) -> None:
     except Exception as exc:
         error = exc
     if not agreed(error is None):
-        _off(f"building the pruned head failed: {error!r}" if error else "another rank failed")
+        _off(
+            f"building the pruned head failed: {error!r}" if error else "another rank failed",
+            proposer,
+        )
         return
     proposer._vfleet_pruned_head = head.PrunedHead(weight, ids, tp, all_gather)
     k = len(table.token_ids)
     contiguous = draft_vocab.contiguous_counts(table.token_ids, table.vocab_size, tp)
     mib = weight.numel() * weight.element_size() / 2**20
-    log(
-        logging.INFO,
-        f"vfleet-sm75: draft-prune on: drafts from K={k} of {table.vocab_size} tokens; TP rank "
+    on = (
+        f"drafts from K={k} of {table.vocab_size} tokens; TP rank "
         f"{rank} of {tp} holds {weight.shape[0]} rows ({mib:.1f} MiB; vLLM's contiguous split "
-        f"would give ranks {'/'.join(map(str, contiguous))})",
+        f"would give ranks {'/'.join(map(str, contiguous))})"
     )
+    log(logging.INFO, f"vfleet-sm75: draft-prune on: {on}")
+    _record(proposer, True, on)
 
 
 def install(table: draft_vocab.DraftVocab, path: str) -> None:
@@ -183,7 +221,7 @@ def install(table: draft_vocab.DraftVocab, path: str) -> None:
             attach(self)
         except Exception as exc:  # never break serving: fall back to the full head
             self._vfleet_pruned_head = None
-            _off(repr(exc))
+            _off(repr(exc), self)
         return result
 
     P._greedy_sample = _greedy_sample

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = "vfleet-sm75.draft-vocab/1"
+# `vocab build` without --corpus: a small mixed corpus shipped in the package (data/README.md).
+DEFAULT_CORPUS = Path(__file__).parent / "data" / "draft-corpus.txt"
 # vLLM pads the LM head's rows to a multiple of 64 before splitting them across TP ranks
 # (vllm/model_executor/layers/vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE).
 VOCAB_PADDING = 64
@@ -242,3 +244,19 @@ def build(
     }
     sha = file_sha256(tokenizer_dir / "tokenizer.json")
     return DraftVocab(tuple(ids), vocab_size, sha, report)
+
+
+def built_from(out: Path, tokenizer_dir: Path, corpus: Sequence[Path], k: int) -> bool:
+    """``out`` is a table built from this tokenizer, these corpus files and this K (by SHA-256):
+    a deploy need not build it again. False if it is missing; TableError if it is unreadable."""
+    if not out.exists():
+        return False
+    table = load(out)
+    recorded = [e.get("sha256") for e in table.source.get("corpus", [])]
+    tokenizer = tokenizer_dir / "tokenizer.json"
+    return (
+        tokenizer.is_file()
+        and table.tokenizer_sha256 == file_sha256(tokenizer)
+        and len(table.token_ids) == k
+        and recorded == [file_sha256(p) for p in corpus]
+    )

@@ -1,7 +1,8 @@
 """Feature flashinfer-sm75 inside vLLM: accept FLASHINFER attention on compute capability 7.5.
 
 vLLM 0.24+ raised FlashInferBackend's floor to SM80 because FlashInfer's paged prefill failed on
-SM75 (flashinfer issue 3620, fixed by PR 3621). With a FlashInfer that carries the fix (checked
+SM75 (flashinfer issue 3620; vLLM cites PR 3621, the fix shipped is PR 3526, in FlashInfer
+0.6.16: flashinfer_fix.py). With a FlashInfer that carries the fix (checked
 by decide.py before this is installed), the wrapper answers yes for (7, 5) only while the
 configured attention backend is FLASHINFER, so auto-selection on SM75 is unchanged: a profile
 that does not ask for FLASHINFER keeps getting TRITON_ATTN, exactly as without the plugin.

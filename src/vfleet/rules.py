@@ -382,7 +382,7 @@ def _backend(c: Ctx) -> None:
             )
         c.warn(
             "FLASHINFER on SM75 with vLLM >= 0.24 depends on the vfleet-sm75 plugin's "
-            "flashinfer-sm75 feature and a FlashInfer with PR 3621",
+            "flashinfer-sm75 feature and FlashInfer >= 0.6.16 (the SM75 fix, flashinfer PR 3526)",
             COMMUNITY,
         )
     c.d["backend"] = backend

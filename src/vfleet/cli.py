@@ -26,6 +26,7 @@ from .profiles import list_models, list_profiles, load_model, profiles_dir
 from .releases import add_parser as add_releases_parser
 from .render import release_id, render_files, write_atomic
 from .rules import RULES
+from .stacks import add_parser as add_stacks_parser
 from .status import add_parser as add_status_parser
 from .swap import add_parser as add_swap_parser
 
@@ -611,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_balancer_parser(sub)
     add_bench_parser(sub)
     add_container_parsers(sub, _deployment_args, _launch)
+    add_stacks_parser(sub)
     return p
 
 

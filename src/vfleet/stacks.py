@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import HardwareProfile, Stack
-from .deploy_plan import healthcheck_version, plugin_version
 from .errors import VfleetError
 from .profiles import REPO_ROOT, load_profile, profiles_dir
 
@@ -194,6 +193,8 @@ def gpu_stacks(root: Path | None = None, profile: str | None = None) -> list[Sta
 
 def local_wheels(stack: Stack) -> list[Path]:
     """The vfleet wheels a deploy installs beside vLLM (built by `make wheels`)."""
+    from .deploy_plan import healthcheck_version, plugin_version  # it imports requirements()
+
     wheels = [WHEELS_DIR / f"vfleet_healthcheck-{healthcheck_version()}-py3-none-any.whl"]
     if stack.plugin:
         wheels.append(WHEELS_DIR / f"vfleet_sm75-{plugin_version()}-py3-none-any.whl")

@@ -81,6 +81,21 @@ def test_gpu_stack_pins_resolve(checked: subprocess.CompletedProcess[str], label
     assert stacks.Report.parse(report.read_text()).python_version == stack.python
 
 
+def test_markers_are_evaluated_for_the_stacks_python(
+    checked: subprocess.CompletedProcess[str],
+) -> None:
+    """vLLM 0.27.1 requires `setuptools<81.0.0,>=77.0.3; python_version > "3.11"`. pip alone
+    would evaluate that with the Python it runs on (3.11 here: marker false, setuptools
+    unbounded); for the stack's 3.12 it must hold."""
+    assert checked.returncode in (0, 1)
+    report = stacks.OUT_DIR / "2x2080ti-22g--vllm-0.27.1-plugin.json"
+    resolved = stacks.Report.parse(report.read_text())
+    (vllm_req,) = [r for r in resolved.installs["vllm"].requires_dist if r.startswith("setuptools")]
+    assert 'python_version > "3.11"' in vllm_req
+    setuptools = resolved.version("setuptools")
+    assert setuptools is not None and int(setuptools.split(".")[0]) < 81, setuptools
+
+
 def test_the_check_exits_0_when_every_stack_resolves(
     checked: subprocess.CompletedProcess[str],
 ) -> None:

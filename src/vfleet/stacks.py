@@ -178,13 +178,21 @@ def requirements(stack: Stack) -> list[str]:
     return [p.requirement for p in pins("", stack)]
 
 
+def shown(path: Path) -> str:
+    """A path as an operator types it: relative to the working folder where it is inside."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def gpu_stacks(root: Path | None = None, profile: str | None = None) -> list[StackRef]:
     root = root or profiles_dir()
     names = [profile] if profile else sorted(p.stem for p in (root / "hardware").glob("*.yaml"))
     out: list[StackRef] = []
     for name in names:
         prof: HardwareProfile = load_profile(name, root)
-        where = str(root / "hardware" / f"{name}.yaml")
+        where = shown(root / "hardware" / f"{name}.yaml")
         for stack_name, stack in prof.stacks.items():
             if is_gpu(stack):
                 out.append(StackRef(prof.name, stack_name, stack, where))

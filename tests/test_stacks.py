@@ -120,6 +120,13 @@ def test_a_conflicting_pin_fails_with_pips_explanation(profiles_copy: Path) -> N
     assert "0 of 1 GPU stacks resolve" in out
 
 
+def test_an_unreachable_index_is_not_reported_as_resolving() -> None:
+    proc = run_check("--index-url", "http://127.0.0.1:9/simple")  # nothing listens on port 9
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the package index cannot be reached: the pins were not resolved" in proc.stderr
+    assert proc.stdout == ""
+
+
 def test_a_missing_plugin_wheel_is_bad_input(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

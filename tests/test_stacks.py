@@ -8,15 +8,18 @@ with pip's own explanation. Needs PyPI (CI reaches it) and `make wheels`.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from vfleet import stacks
+from vfleet import stacks, stacks_index
 from vfleet.config import Stack
 from vfleet.profiles import load_profile
 
@@ -195,3 +198,22 @@ def test_platform_tags_cover_the_stacks_glibc_and_older() -> None:
         "linux_x86_64",
     ]
     assert "manylinux_2_36_x86_64" not in tags
+
+
+def test_the_loopback_index_serves_each_wheels_own_metadata(tmp_path: Path) -> None:
+    """The metadata pip reads through the loopback index is the wheel's own METADATA: read
+    out of the remote wheel with range requests, cached by sha256, and the same the second
+    time without the network (the cached file is what is served)."""
+    with stacks_index.serve(stacks.PYPI, tmp_path) as simple:
+        page = json.loads(urllib.request.urlopen(f"{simple}/six/").read())
+        (whl,) = [f for f in page["files"] if f["filename"] == "six-1.17.0-py2.py3-none-any.whl"]
+        assert whl["core-metadata"] is True and whl["url"].startswith(simple.rsplit("/", 1)[0])
+        served = urllib.request.urlopen(whl["url"] + ".metadata").read()
+        # The wheel itself, from the real index (the loopback redirects to it).
+        wheel = tmp_path / whl["filename"]
+        wheel.write_bytes(urllib.request.urlopen(whl["url"]).read())
+    own = zipfile.ZipFile(wheel).read("six-1.17.0.dist-info/METADATA")
+    assert served == own and b"Name: six" in own
+    cached = tmp_path / "metadata" / whl["hashes"]["sha256"]
+    assert cached.read_bytes() == own
+    assert (tmp_path / "pages" / "six.json").is_file()

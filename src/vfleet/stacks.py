@@ -30,12 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import stacks_index
 from .config import HardwareProfile, Stack
 from .errors import VfleetError
 from .profiles import REPO_ROOT, load_profile, profiles_dir
 
 PYPI = "https://pypi.org/simple"
-# pip's HTTP cache (index pages, wheel metadata): kept between runs where the index allows it.
+# Wheel metadata by sha256 and the index's project pages (10 minutes), kept between runs by
+# the loopback index pip resolves through (stacks_index.py).
 CACHE_DIR = REPO_ROOT / ".cache" / "stacks-pip"
 # Each stack's pip report and log, for a look after a run.
 OUT_DIR = REPO_ROOT / "build" / "stacks"
@@ -220,10 +222,9 @@ def pip_argv(ref: StackRef, index_url: str, report: Path) -> list[str]:
     argv += ["--only-binary=:all:", "--python-version", stack.python, "--implementation", "cp"]
     for tag in target.platforms():
         argv += ["--platform", tag]
-    # Wheel metadata from HTTP range requests where the index lacks PEP 658 metadata files
-    # (a mirror): a few MB instead of every wheel (torch and the CUDA wheels are GBs).
-    argv += ["--use-feature=fast-deps", "--index-url", index_url]
-    argv += ["--cache-dir", str(CACHE_DIR), "--progress-bar", "off", "--no-input"]
+    # The loopback index (stacks_index.py) gives pip every wheel's metadata from the cache:
+    # pip reads no wheel (torch and the CUDA libraries are GBs).
+    argv += ["--index-url", index_url, "--no-cache-dir", "--progress-bar", "off", "--no-input"]
     # A local label (+cu130) names PyTorch's own index, which is not the check's: the public
     # version is resolved on the index, and its CUDA checked against the label (check_report).
     for pin in pins(ref.stack_name, stack):
@@ -378,8 +379,11 @@ def check(refs: list[StackRef], index_url: str = PYPI, jobs: int = 4) -> Iterato
         )
     for ref in refs:
         local_wheels(ref.stack)  # a missing wheel is bad input: refused before any pip runs
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        yield from pool.map(lambda r: check_stack(r, index_url), refs)
+    with (
+        stacks_index.serve(index_url, CACHE_DIR) as local,
+        ThreadPoolExecutor(max_workers=max(1, jobs)) as pool,
+    ):
+        yield from pool.map(lambda r: check_stack(r, local), refs)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -176,6 +176,33 @@ def test_the_cuda_check_fails_a_stack_whose_torch_is_another_cuda_build() -> Non
     assert any("FlashInfer refuses to load mismatched versions" in p for p in result.problems)
 
 
+def test_a_local_torch_label_is_checked_against_the_index_builds_cuda() -> None:
+    """+cu130 wheels live on PyTorch's index: the check resolves PyPI's build of the version
+    and says so, and fails when that build's CUDA is not the label's."""
+    torch = stacks.Resolved("torch", "2.13.0", ("cuda-toolkit[cudart]==13.0.3",))
+    for label, ok in (("+cu130", True), ("+cu129", False)):
+        stack = Stack(
+            python="3.13", vllm="0.27.1", vllm_package="vllm", torch=f"2.13.0{label}", cuda="13.0"
+        )
+        ref = stacks.StackRef("p", "s", stack, "p.yaml")
+        result = stacks.check_report(ref, stacks.Report("3.13", {"torch": torch}))
+        assert result.ok is ok, result.problems
+        if ok:
+            assert result.notes and "was not resolved" in result.notes[0]
+        else:
+            assert (
+                "2.13.0+cu129 names CUDA 12.9; the index's torch 2.13.0 is CUDA 13.0"
+                in (result.problems[0])
+            )
+    # The argv pip gets names the public version, which PyPI has.
+    (ref,) = [r for r in stacks.gpu_stacks() if r.label == "a100-32g/vllm-0.27.1"]
+    labelled = stacks.StackRef(
+        ref.profile, ref.stack_name, ref.stack.model_copy(update={"torch": "2.13.0+cu130"}), ""
+    )
+    argv = stacks.pip_argv(labelled, stacks.PYPI, Path("r.json"))
+    assert "torch==2.13.0" in argv and "torch==2.13.0+cu130" not in argv
+
+
 def test_pins_are_what_the_role_and_the_image_install() -> None:
     from vfleet.deploy_plan import plan
 

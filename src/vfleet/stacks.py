@@ -302,11 +302,12 @@ def check_report(ref: StackRef, report: Report) -> Result:
                 f"{ref.where}: stacks.{ref.stack_name}.torch: {stack.torch} names CUDA "
                 f"{labelled}; the index's torch {public_version(stack.torch)} is CUDA {built_for}"
             )
-        notes.append(
-            f"torch {stack.torch} resolved as the index's {public_version(stack.torch)} (CUDA "
-            f"{built_for} build, same version); the {stack.torch} wheel itself is on PyTorch's "
-            "index and was not resolved"
-        )
+        else:
+            notes.append(
+                f"torch {stack.torch} resolved as the index's {public_version(stack.torch)} "
+                f"(CUDA {built_for} build, same version); the {stack.torch} wheel itself is on "
+                "PyTorch's index and was not resolved"
+            )
     cubin, python = report.version("flashinfer-cubin"), report.version("flashinfer-python")
     if cubin and cubin != python:
         problems.append(

@@ -57,8 +57,37 @@ def test_tags_and_build_args_come_from_the_stack() -> None:
         assert sidecar.build_args["HEALTHCHECK_VERSION"] == images.healthcheck_version()
         assert prom.kind == "prometheus"
     (cuda,) = [s for s in images.images_for("a100-32g") if s.kind == "vllm"]
-    assert cuda.build_args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cu130"
+    # PyPI's torch is the stack's CUDA build (`vfleet stacks check`): no PyTorch index.
+    assert cuda.build_args["TORCH_INDEX"] == ""
     assert images.images_config().bases[cuda.base_key].startswith("nvidia/cuda:13.0")
+    labelled = (
+        load_profile("a100-32g").stacks["vllm-0.27.1"].model_copy(update={"torch": "2.13.0+cu130"})
+    )
+    assert images.torch_index(labelled) == "https://download.pytorch.org/whl/cu130"
+
+
+@pytest.mark.parametrize(
+    ("edit", "pin"),
+    [
+        ('${FLASHINFER_VERSION:+"flashinfer-python==$FLASHINFER_VERSION"}', "flashinfer-python"),
+        ('"torch==$TORCH_VERSION"', "torch"),
+        ('${TRITON_VERSION:+"triton==$TRITON_VERSION"}', "triton"),
+    ],
+)
+def test_pin_check_catches_a_pin_the_image_does_not_install(
+    images_copy: Path, edit: str, pin: str
+) -> None:
+    """Every pin the role installs (stacks.requirements) reaches the image's install line."""
+    path = images_copy / "vllm-cuda" / "Dockerfile"
+    text = path.read_text()
+    assert edit in text
+    profile = load_profile("2x2080ti-22g")
+    stack = profile.stacks["vllm-0.24.0"]  # pins flashinfer and triton
+    (spec,) = [s for s in images.images_for(profile.name, "vllm-0.24.0") if s.kind == "vllm"]
+    assert images.check_spec(spec, stack) == []
+    path.write_text(text.replace(edit, "", 1))
+    problems = images.check_spec(spec, stack)
+    assert any(f"does not install the stack's pin {pin}==" in p for p in problems), problems
 
 
 @pytest.fixture

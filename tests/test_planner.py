@@ -36,7 +36,9 @@ SEEDS = [
         "2x2080ti-22g",
         "qwen3.6-27b-fp8",
         [
-            "stack=vllm-0.24.0-flashinfer-sm75",
+            # The stack seed 002's deployment renders on (stock 0.24.0 cannot run FLASHINFER on
+            # SM75: docs/SEEDS.md); the KV arithmetic is the same in 0.24.0 and 0.27.1.
+            "stack=vllm-0.27.1-plugin",
             "kv_cache_dtype=fp8_e4m3",
             "max_model_len=100000",
             "max_num_seqs=1",
@@ -49,7 +51,8 @@ SEEDS = [
         "2x2080ti-22g",
         "qwen3.6-27b-fp8",
         [
-            "stack=vllm-0.24.0-flashinfer-sm75",
+            "stack=vllm-0.27.1-plugin",
+            "attention_backend=FLASHINFER",
             "max_model_len=100000",
             "max_num_seqs=1",
             "max_num_batched_tokens=4096",

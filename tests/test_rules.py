@@ -192,6 +192,14 @@ def test_flashinfer_on_sm75_needs_the_plugin_from_vllm_024(profiles_copy: Path) 
         resolve("2x2080ti-22g", "qwen3.6-27b-fp8", sets=["kv_cache_dtype=fp8"], root=profiles_copy)
     assert "vLLM 0.27.1 refuses FLASHINFER below SM80" in str(exc.value)
     assert "SM75 plugin" in str(exc.value)
+    # The plugin lifts the floor only with a FlashInfer that has the SM75 fix (0.6.16+): stock
+    # 0.24.0 pins 0.6.12, so FLASHINFER stays refused on that stack even with the plugin.
+    with pytest.raises(Refused) as exc:
+        resolve("2x2080ti-22g", "qwen3.6-27b-fp8", sets=["stack=vllm-0.24.0", "kv_cache_dtype=fp8"])
+    assert "FlashInfer >= 0.6.16" in str(exc.value) and "installs FlashInfer 0.6.12" in str(
+        exc.value
+    )
+    assert "vllm-0.27.1-plugin" in str(exc.value)
     # 0.21.0 still allows SM75: no plugin needed there.
     launch = resolve("4x2080ti-22g", "qwen3.6-27b-awq-int4", sets=["kv_cache_dtype=fp8"])
     assert launch.config_values()["attention-backend"] == "FLASHINFER"

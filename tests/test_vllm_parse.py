@@ -34,9 +34,9 @@ CASES: list[tuple[str, str, list[str]]] = [
     (
         "2x2080ti-22g",
         "qwen3.6-27b-fp8",
-        ["stack=vllm-0.24.0-flashinfer-sm75", "kv_cache_dtype=fp8"],
+        ["stack=vllm-0.24.0", "kv_cache_dtype=fp8"],
     ),
-    ("2x2080ti-22g", "qwen3.6-27b-awq-int4", ["stack=vllm-0.24.0-flashinfer-sm75"]),
+    ("2x2080ti-22g", "qwen3.6-27b-awq-int4", ["stack=vllm-0.24.0"]),
     ("4x2080ti-22g", "qwen3.6-27b-awq-int4", []),
     ("4x2080ti-22g", "qwen3.6-27b-fp8", ["speculative.method=none"]),
     ("a100-32g", "qwen3.8-27b-awq-mtp", []),

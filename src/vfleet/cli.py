@@ -28,13 +28,14 @@ from .profiles import list_models, list_profiles, load_model, profiles_dir, vali
 from .releases import add_parser as add_releases_parser
 from .render import release_id, render_files, write_atomic
 from .rules import RULES
+from .stacks import add_parser as add_stacks_parser
 from .status import add_parser as add_status_parser
 from .swap import add_parser as add_swap_parser
 
 EPILOG = """\
 examples:
   vfleet render --profile cpu --model tiny-hybrid-mtp --out out/
-  vfleet explain -p 2x2080ti-22g -m qwen3.6-27b-fp8 --set stack=vllm-0.24.0-flashinfer-sm75
+  vfleet explain -p 2x2080ti-22g -m qwen3.6-27b-fp8 --set stack=vllm-0.24.0
   vfleet model make tiny-hybrid-mtp /tmp/tiny-hybrid-mtp
   vfleet profiles
 
@@ -625,6 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_balancer_parser(sub)
     add_bench_parser(sub)
     add_container_parsers(sub, _deployment_args, _launch)
+    add_stacks_parser(sub)
     return p
 
 

@@ -106,6 +106,9 @@ class Stack(Strict):
     flashinfer: str | None = None
     triton: str | None = None
     plugin: str | None = None
+    # The oldest glibc of the hosts this stack is for: `vfleet stacks check` resolves the pins
+    # for manylinux_<glibc> and older (Ubuntu 22.04: 2.35; the GPU images' Ubuntu 24.04: 2.39).
+    glibc: str = Field("2.35", pattern=r"^2\.\d+$")
     # Packages the vllm wheel drags in that must not be present (they break the CPU torch).
     remove_packages: list[str] = []
     sources: list[str] = []

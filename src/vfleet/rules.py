@@ -22,6 +22,9 @@ from .vllm_versions import (
     v,
 )
 
+# The first FlashInfer release with the SM75 fix (flashinfer PR 3526; plugin/README.md).
+FLASHINFER_SM75_FIX = "0.6.16"
+
 SEED_BOOST = "seeds/000 (2x 2080 Ti, vllm-boost, vLLM 0.27.1)"
 SEED_A100 = "seeds/001 (A100 32 GB, vLLM 0.27.1, pm2)"
 SEED_SYSTEMD = "seeds/002 (2x 2080 Ti NVLink, vLLM 0.24.0 systemd unit)"
@@ -379,6 +382,15 @@ def _backend(c: Ctx) -> None:
                 f"vLLM {c.version} refuses FLASHINFER below SM80 (flashinfer issue 3620)",
                 "use a stack with the vfleet SM75 plugin (`vfleet profiles`), or the "
                 "vllm-0.21.0 line, or kv_cache_dtype auto with TRITON_ATTN",
+            )
+        if not c.stack.flashinfer or v(c.stack.flashinfer) < v(FLASHINFER_SM75_FIX):
+            c.refuse(
+                f"vLLM {c.version} refuses FLASHINFER below SM80, and the SM75 plugin lifts that "
+                f"floor only with FlashInfer >= {FLASHINFER_SM75_FIX} (the SM75 fix, flashinfer "
+                f"PR 3526); stack {c.stack_name} installs FlashInfer "
+                f"{c.stack.flashinfer or 'none'}",
+                "use the vllm-0.27.1-plugin stack (FlashInfer 0.6.16.post3), or kv_cache_dtype "
+                "auto with TRITON_ATTN",
             )
         c.warn(
             "FLASHINFER on SM75 with vLLM >= 0.24 depends on the vfleet-sm75 plugin's "

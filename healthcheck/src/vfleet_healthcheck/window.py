@@ -2,10 +2,11 @@
 
 Each sample holds vLLM's cumulative counters as they were at one scrape. A figure is the delta
 between the oldest and the newest sample in the window, divided by the elapsed time or by
-another delta. Counters that went back (vLLM restarted) are continued the way Prometheus'
-`rate()` does: the value before the reset is added to everything after it, so no figure goes
-negative or jumps. A restart is also recognised by `process_start_time_seconds` changing,
-which catches a restarted server whose counters already passed their old values.
+another delta. Counters are continued series by series the way Prometheus' `rate()` does: a
+series that went back was reset, and the value it had before is added to everything after it,
+so no figure goes negative; the other series are untouched (one broken counter does not move
+every figure). A restart of vLLM is a changed `process_start_time_seconds`: then every series
+was reset, including one whose new value already passed its old one.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ class Window:
         self.table = table
         self.samples: deque[Sample] = deque()
         self.restarts = 0
-        self._offset: dict[str, float] = {}
-        self._last_raw: dict[str, float] = {}
+        # per series (key, label set): the sum of values before its resets; its last value
+        self._offset: dict[tuple[str, str], float] = {}
+        self._last_raw: dict[tuple[str, str], float] = {}
+        self.last_resets: list[str] = []
         self._start_time: float | None = None
 
     def _cumulative(self, key: str) -> bool:
@@ -77,23 +80,36 @@ class Window:
         return fam is not None and fam.kind in ("counter", "histogram")
 
     def add(self, t: float, parsed: Parsed) -> bool:
-        """Add a scrape taken at monotonic time ``t``. Returns True if vLLM restarted."""
+        """Add a scrape taken at monotonic time ``t``. Returns True if vLLM restarted.
+
+        ``last_resets`` then names the keys with a series that went back without a restart.
+        """
         raw = parsed.values
         start = raw.get("process_start_time")
         restarted = start is not None and self._start_time is not None and start != self._start_time
-        counters = {k: v for k, v in raw.items() if self._cumulative(k)}
-        if not restarted:
-            restarted = any(v < self._last_raw.get(k, -math.inf) for k, v in counters.items())
         if restarted:
             self.restarts += 1
-            for key, before in self._last_raw.items():
-                self._offset[key] = self._offset.get(key, 0.0) + before
+            for s, before in self._last_raw.items():
+                self._offset[s] = self._offset.get(s, 0.0) + before
+            self._last_raw = {}  # a series the new process lacks starts again from nothing
         if start is not None:
             self._start_time = start
-        # Keep the last raw value of counters this scrape did not have (a skipped family).
-        self._last_raw = {**({} if restarted else self._last_raw), **counters}
-        values = {k: v + self._offset.get(k, 0.0) if k in counters else v for k, v in raw.items()}
-        self.samples.append(Sample(t, values))
+        series = dict(parsed.series)
+        have = {s[0] for s in series}
+        for key, value in raw.items():  # a Parsed built by hand: each counter is one series
+            if self._cumulative(key) and key not in have:
+                series[(key, "")] = value
+        self.last_resets = []
+        continued: dict[str, float] = {}
+        for s, v in series.items():
+            last = self._last_raw.get(s)
+            if last is not None and v < last:
+                self._offset[s] = self._offset.get(s, 0.0) + last
+                self.last_resets.append(s[0])
+            # Series this scrape lacks (a skipped family) keep their last value.
+            self._last_raw[s] = v
+            continued[s[0]] = continued.get(s[0], 0.0) + v + self._offset.get(s, 0.0)
+        self.samples.append(Sample(t, {**raw, **continued}))
         while self.samples and self.samples[0].t < t - self.seconds:
             self.samples.popleft()
         return restarted

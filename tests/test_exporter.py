@@ -596,6 +596,36 @@ def test_the_exporter_stays_bounded_and_recovers_behind_a_slow_upstream(
         proc.wait(timeout=10)
 
 
+def test_the_bounded_client_keeps_its_deadline_over_tls(tmp_path: Path) -> None:
+    """The same deadline holds for https (the TLS socket re-arms it at every read)."""
+    import ssl
+
+    from vfleet_healthcheck.bounded_http import RequestError, request
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    with FakeUpstream({"/metrics": metrics()}, tls=server) as u:
+        assert u.url.startswith("https://")
+        resp = request(u.url + "/metrics", timeout=5, context=client)
+        assert resp.status == 200 and resp.body == REAL.encode()
+        u.routes["/metrics"] = metrics(trickle=0.05)
+        t0 = time.monotonic()
+        with pytest.raises(RequestError) as caught:
+            request(u.url + "/metrics", timeout=1, context=client)
+        assert caught.value.reason == "timeout" and time.monotonic() - t0 < 2
+
+
 # --------------------------------------------------------------------------- the command
 
 

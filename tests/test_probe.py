@@ -61,6 +61,12 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     bad.write_text("{not json")
     r = probe("--config", str(bad))
     assert r.returncode == 2 and str(bad) in r.stderr
+    r = probe("--config", str(bad), "--prereqs")
+    assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+    bad.write_text("[1, 2]")
+    for args in ((), ("--prereqs",)):
+        r = probe("--config", str(bad), *args)
+        assert r.returncode == 2 and "expected a JSON object" in r.stderr, r.stderr
 
 
 def test_env_file_is_read_like_systemd_and_sh(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import socketserver
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import Literal
@@ -37,7 +38,9 @@ class Reply:
 class FakeUpstream:
     """Serves ``routes[path]`` (``routes["*"]`` for any other path) to each request."""
 
-    def __init__(self, routes: dict[str, Reply] | None = None) -> None:
+    def __init__(
+        self, routes: dict[str, Reply] | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.routes: dict[str, Reply] = routes if routes is not None else {}
         self.hits: list[str] = []
         self.stop = threading.Event()
@@ -46,12 +49,16 @@ class FakeUpstream:
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
                 with contextlib.suppress(OSError):
-                    outer._serve(self.request)
+                    conn = self.request
+                    if tls is not None:
+                        conn.settimeout(5)
+                        conn = tls.wrap_socket(conn, server_side=True)
+                    outer._serve(conn)
 
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 

@@ -446,7 +446,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.prereqs:
         if not a.config:
             return _usage_error("--prereqs needs --config probe.json")
-        checks = check_prereqs(json.loads(Path(a.config).read_text(encoding="utf-8")))
+        try:
+            conf = json.loads(Path(a.config).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return _usage_error(f"{a.config}: {exc}")
+        if not isinstance(conf, dict):
+            return _usage_error(f"{a.config}: expected a JSON object")
+        checks = check_prereqs(conf)
         for ok, detail in checks:
             print(f"{'ok' if ok else 'FAIL':<5} {detail}", file=sys.stdout if ok else sys.stderr)
         return 0 if all(ok for ok, _ in checks) else 1

@@ -470,9 +470,10 @@ def test_a_gauge_out_of_its_range_is_rejected(
 def test_a_body_cut_at_a_line_boundary_is_detected(upstream: FakeUpstream) -> None:
     """Was: a body cut at a line without a Content-Length looked complete.
 
-    vLLM's /metrics comes chunked (uvicorn) and a cut chunked body is an error in itself;
-    here the body ends when the connection closes, so only the content can tell: the body
-    lacks the name that ended the previous body of the same process."""
+    vLLM's /metrics comes with a Content-Length, and a body shorter than that is an error in
+    itself (the short-body case above); here the body ends when the connection closes (as
+    from an HTTP/1.0 proxy), so only the content can tell: the body lacks the name that ended
+    the previous body of the same process."""
     clock = Clock()
     c = VllmCollector(upstream.url, window=600, timeout=2, clock=clock)
     cut = REAL[: REAL.index(GEN + "{")]  # ends at a line boundary, before generation tokens
@@ -538,6 +539,27 @@ def test_a_body_over_the_cap_gives_up_0(upstream: FakeUpstream, framing: str) ->
     assert {dict(k)["reason"] for k in out["vfleet_upstream_errors_total"]} == {"too_large"}
     c.max_bytes = len(REAL)
     assert only_value(scrape_within(c, 10.0)["vfleet_vllm_up"]) == 1.0
+
+
+def test_concurrent_scrapes_of_a_hung_upstream_all_end_in_bounded_time(
+    upstream: FakeUpstream,
+) -> None:
+    """Scrapes queue on one lock; each waits at most 2 x --timeout + 1 s for it, then answers
+    `up 0` (reason busy) instead of holding its thread."""
+    c = VllmCollector(upstream.url, window=60, timeout=0.5)
+    upstream.routes["/metrics"] = metrics(hang=True)
+    outs: list[dict[str, dict[tuple[tuple[str, str], ...], float]]] = []
+    workers = [threading.Thread(target=lambda: outs.append(scrape(c))) for _ in range(8)]
+    t0 = time.monotonic()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(10)
+    took = time.monotonic() - t0
+    assert not any(w.is_alive() for w in workers) and len(outs) == 8
+    assert took < 2 * 0.5 + 1 + 0.5 + 1  # the lock's bound, one scrape, slack for a busy box
+    assert all(only_value(o["vfleet_vllm_up"]) == 0.0 for o in outs)
+    assert c.errors.get("busy", 0) >= 1 and c.errors.get("timeout", 0) >= 1, c.errors
 
 
 def threads_of(pid: int) -> int:

@@ -26,8 +26,8 @@ class Reply:
     body: bytes = b""
     status: int = 200
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
-    # length: Content-Length; chunked: Transfer-Encoding chunked (as uvicorn sends vLLM's
-    # /metrics); close: neither, the body ends when the connection closes (HTTP/1.0 style).
+    # length: Content-Length (as vLLM sends /metrics); chunked: Transfer-Encoding chunked;
+    # close: neither, the body ends when the connection closes (HTTP/1.0 style).
     framing: Framing = "length"
     length: int | None = None  # the Content-Length to claim; None: the true one
     delay: float = 0.0  # seconds before the status line

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import signal
 import sys
@@ -219,13 +220,13 @@ class VllmCollector(Collector):
         t0 = time.perf_counter()
         try:
             text = fetch(self.url, self.timeout, self.max_bytes)
+            parsed = parse(text, self.table)
+            if not parsed.values:
+                raise UpstreamError("parse", f"{self.url} returned no vLLM metrics")
             if not text.endswith("\n"):
                 # prometheus_client ends every line with a newline: this body was cut inside
                 # a line, and a multi-engine sum cut between its series would be wrong.
                 raise UpstreamError("truncated", f"{self.url}: the body ends inside a line")
-            parsed = parse(text, self.table)
-            if not parsed.values:
-                raise UpstreamError("parse", f"{self.url} returned no vLLM metrics")
             if self._cut_short(text, parsed.values.get("process_start_time")):
                 raise UpstreamError(
                     "truncated", f"{self.url}: the body ends before the previous one did"
@@ -265,6 +266,7 @@ class VllmCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         # Each scrape ends by its deadline, so the lock is free within about one --timeout;
         # the bound keeps a pile of concurrent scrapes from holding threads any longer.
+        t0 = time.perf_counter()
         if self._lock.acquire(timeout=2 * self.timeout + 1):
             try:
                 up, took = self.scrape()
@@ -273,7 +275,7 @@ class VllmCollector(Collector):
             finally:
                 self._lock.release()
         else:
-            up, took, figures = False, 0.0, Figures()
+            up, took, figures = False, time.perf_counter() - t0, Figures()
             self.errors["busy"] = self.errors.get("busy", 0) + 1
             errors, bad = dict(self.errors), dict(self.bad_samples)
         names = list(self.identity.labels)
@@ -363,8 +365,8 @@ def _positive(kind: type[float] | type[int]) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
         return value
 
     return convert

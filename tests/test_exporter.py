@@ -348,11 +348,11 @@ class Clock:
 
 
 def feed(
-    upstream: FakeUpstream, bodies: list[str], step: float = 10.0
+    upstream: FakeUpstream, bodies: list[str], step: float = 10.0, window: float = 600
 ) -> tuple[VllmCollector, list[dict[str, dict[tuple[tuple[str, str], ...], float]]]]:
     """Scrape one collector once per body, ``step`` seconds apart on its clock."""
     clock = Clock()
-    c = VllmCollector(upstream.url, window=600, timeout=2, clock=clock)
+    c = VllmCollector(upstream.url, window=window, timeout=2, clock=clock)
     outs = []
     for body in bodies:
         upstream.routes["/metrics"] = metrics(body)
@@ -428,6 +428,28 @@ def test_a_non_finite_or_negative_counter_is_rejected_and_poisons_nothing(
     assert only_value(outs[-1]["vfleet_vllm_restarts_total"]) == 0.0
     # 1000 at t=0 .. 3000 at t=40: the bad samples left no trace
     assert only_value(outs[-1]["vfleet_decode_tokens_per_second"]) == pytest.approx(2000 / 40)
+
+
+def test_a_skipped_sample_at_the_start_of_the_window_hides_no_figure(
+    upstream: FakeUpstream,
+) -> None:
+    """Once the scrape that skipped a family is the oldest in the window, its figures come
+    from the oldest sample that has the family, not from nothing."""
+    _, outs = feed(
+        upstream,
+        [
+            exposition(vllm_generation_tokens_total=1000),
+            exposition(vllm_generation_tokens_total="+Inf", vllm_spec_decode_num_drafts_total=20),
+            exposition(vllm_generation_tokens_total=2000, vllm_spec_decode_num_drafts_total=30),
+            exposition(vllm_generation_tokens_total=3000, vllm_spec_decode_num_drafts_total=40),
+            exposition(vllm_generation_tokens_total=4000, vllm_spec_decode_num_drafts_total=50),
+        ],
+        window=30,  # at the last scrape (t=40) the window starts with the +Inf scrape (t=10)
+    )
+    last = outs[-1]
+    assert only_value(last["vfleet_window_seconds"]) == 30.0
+    assert only_value(last["vfleet_decode_tokens_per_second"]) == pytest.approx(2000 / 20)
+    assert only_value(last["vfleet_spec_decode_drafts_per_second"]) == pytest.approx(30 / 30)
 
 
 def test_a_repeated_series_is_rejected_not_summed(upstream: FakeUpstream) -> None:

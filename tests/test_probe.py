@@ -63,6 +63,9 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and str(bad) in r.stderr
     r = probe("--config", str(bad), "--prereqs")
     assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+    for flag, value in (("--timeout", "0"), ("--timeout", "nan"), ("--wait", "-1")):
+        r = probe("--url", "http://127.0.0.1:1", "--model", "m", flag, value)
+        assert r.returncode == 2 and f"{flag}: expected" in r.stderr, r.stderr
     bad.write_text("[1, 2]")
     for args in ((), ("--prereqs",)):
         r = probe("--config", str(bad), *args)

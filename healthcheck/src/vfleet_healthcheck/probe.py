@@ -383,6 +383,22 @@ def process_alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+def _seconds(zero: bool) -> Any:
+    """An argparse type: a finite number of seconds, above 0 (or at least 0 when ``zero``)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            low = "0 or more" if zero else "more than 0"
+            raise argparse.ArgumentTypeError(f"expected {low} seconds, got {text!r}")
+        return value
+
+    return convert
+
+
 def _usage_error(msg: str) -> int:
     print(f"vfleet-probe: error: {msg}", file=sys.stderr)
     return 2
@@ -415,13 +431,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--wait",
-        type=float,
+        type=_seconds(zero=True),
         default=0,
         metavar="SECONDS",
         help="retry until the tiers pass or SECONDS have passed; a request still running then "
         "is cut (the warmup that follows a pass is not: each of its requests has --timeout)",
     )
-    ap.add_argument("--interval", type=float, default=2.0, help="seconds between retries")
+    ap.add_argument(
+        "--interval", type=_seconds(zero=True), default=2.0, help="seconds between retries"
+    )
     ap.add_argument(
         "--pid",
         type=int,
@@ -430,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds(zero=False),
         help="seconds for each request as a whole (connect and the whole answer), however "
         "slowly the server sends it (default: serving_timeout_s from --config, else 60; "
         "/health gets at most 5 s, /v1/models 10 s)",

@@ -3,11 +3,12 @@
 Each sample holds vLLM's cumulative counters as they were at one scrape. A figure is the delta
 between the oldest sample in the window that holds its series and the newest, divided by the
 time between them or by another delta over the same span (a family skipped at one scrape, e.g.
-for an infinite sample, leaves no hole in the figures). Counters are continued series by series the way Prometheus' `rate()` does: a
-series that went back was reset, and the value it had before is added to everything after it,
-so no figure goes negative; the other series are untouched (one broken counter does not move
-every figure). A restart of vLLM is a changed `process_start_time_seconds`: then every series
-was reset, including one whose new value already passed its old one.
+for an infinite sample, leaves no hole in the figures). Counters are continued series by
+series the way Prometheus' `rate()` does: a series that went back was reset, and the value it
+had before is added to everything after it, so no figure goes negative; the other series are
+untouched (one broken counter does not move every figure). A restart of vLLM is a changed
+`process_start_time_seconds`: then every series was reset, including one whose new value
+already passed its old one.
 """
 
 from __future__ import annotations

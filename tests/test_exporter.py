@@ -8,8 +8,6 @@ those faults, so this is the one place an upstream is faked. Loopback only.
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import logging
 import math
 import re
@@ -29,6 +27,7 @@ from vfleet_healthcheck.vllm_metrics import UnsupportedVersion, families, parse
 from vfleet_healthcheck.window import Window, histogram_quantile
 
 from .conftest import REPO
+from .support.fake_upstream import FakeUpstream, Reply
 
 DATA = REPO / "tests" / "data"
 REAL = (DATA / "vllm-0.32.0-metrics.txt").read_text()
@@ -185,44 +184,14 @@ def test_restart_between_scrapes_gives_no_negative_rate_and_no_spike() -> None:
 # --------------------------------------------------------------------------- bad upstreams
 
 
-class Upstream:
-    """A loopback HTTP server whose /metrics answer the test sets (status, body, delay)."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.body = REAL.encode()
-        self.delay = 0.0
-        self.length: int | None = None
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                time.sleep(outer.delay)
-                self.send_response(outer.status)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(outer.length or len(outer.body)))
-                self.end_headers()
-                with contextlib.suppress(OSError):
-                    self.wfile.write(outer.body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def metrics(body: str | bytes = REAL, **kw: object) -> Reply:
+    return Reply(body=body.encode() if isinstance(body, str) else body, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    u = Upstream()
-    yield u
-    u.close()
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream({"/metrics": metrics()}) as u:
+        yield u
 
 
 def scrape(collector: VllmCollector) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -251,7 +220,7 @@ def only_value(series: dict[tuple[tuple[str, str], ...], float]) -> float:
     return next(iter(series.values()))
 
 
-def test_healthy_upstream(upstream: Upstream) -> None:
+def test_healthy_upstream(upstream: FakeUpstream) -> None:
     c = VllmCollector(upstream.url, window=60, timeout=2)
     first = scrape(c)
     assert only_value(first["vfleet_vllm_up"]) == 1.0
@@ -264,16 +233,17 @@ def test_healthy_upstream(upstream: Upstream) -> None:
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
-        (lambda u: setattr(u, "body", b"<html><body>Bad gateway</body></html>\n"), "parse"),
-        (lambda u: setattr(u, "status", 500), "http_500"),
-        (lambda u: setattr(u, "delay", 2.0), "timeout"),
-        (lambda u: setattr(u, "length", len(u.body) + 5000), "truncated"),
+        (lambda u: u.routes.update({"/metrics": metrics(b"<html>Bad gateway</html>\n")}), "parse"),
+        (lambda u: u.routes.update({"/metrics": metrics(status=500)}), "http_500"),
+        (lambda u: u.routes.update({"/metrics": metrics(delay=2.0)}), "timeout"),
+        (lambda u: u.routes.update({"/metrics": metrics(hang=True)}), "timeout"),
+        (lambda u: u.routes.update({"/metrics": metrics(length=len(REAL) + 5000)}), "truncated"),
         (lambda u: u.close(), "connect"),
     ],
-    ids=["garbage", "http-500", "hang", "short-body", "refused"],
+    ids=["garbage", "http-500", "late", "hang", "short-body", "refused"],
 )
 def test_bad_upstream_reports_down_and_nothing_stale(
-    upstream: Upstream, setup: object, reason: str, caplog: pytest.LogCaptureFixture
+    upstream: FakeUpstream, setup: object, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     c = VllmCollector(upstream.url, window=60, timeout=0.5)
     scrape(c)
@@ -292,23 +262,22 @@ def test_bad_upstream_reports_down_and_nothing_stale(
     assert len(down) == 1  # logged once, not at every scrape
 
 
-def test_partial_body_keeps_what_parsed(upstream: Upstream) -> None:
+def test_body_cut_inside_a_line_is_not_used(upstream: FakeUpstream) -> None:
+    """A multi-engine sum cut between its series would be a wrong figure: nothing is used."""
     c = VllmCollector(upstream.url, window=60, timeout=2)
     cut = REAL.index("vllm:generation_tokens_total{")
-    upstream.body = REAL[: cut + 40].encode()  # ends inside a line, no newline
+    upstream.routes["/metrics"] = metrics(REAL[: cut + 40])  # ends inside a line
     out = scrape(c)
-    assert only_value(out["vfleet_vllm_up"]) == 1.0
-    assert "vfleet_requests_running" in out  # parsed before the cut
-    upstream.body = REAL[: cut + 40].encode()
-    out = scrape(c)
-    assert "vfleet_decode_tokens_per_second" not in out  # its counter was cut off
-    assert "vfleet_spec_decode_drafts_per_second" in out  # spec counters come earlier
+    assert only_value(out["vfleet_vllm_up"]) == 0.0
+    assert set(out) <= ALWAYS, set(out) - ALWAYS
+    errors = {dict(k)["reason"]: v for k, v in out["vfleet_upstream_errors_total"].items()}
+    assert errors == {"truncated": 1.0}
 
 
 def test_unexpected_label_set_is_logged_once_and_skipped(
-    upstream: Upstream, caplog: pytest.LogCaptureFixture
+    upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
-    upstream.body = REAL.replace('position="', 'slot="').encode()
+    upstream.routes["/metrics"] = metrics(REAL.replace('position="', 'slot="'))
     c = VllmCollector(upstream.url, window=60, timeout=2)
     with caplog.at_level(logging.WARNING, logger="vfleet-exporter"):
         for _ in range(3):
@@ -319,7 +288,7 @@ def test_unexpected_label_set_is_logged_once_and_skipped(
     assert len(skipped) == 1
 
 
-def test_identity_labels_and_info_from_sidecar_json(tmp_path: Path, upstream: Upstream) -> None:
+def test_identity_labels_and_info_from_sidecar_json(tmp_path: Path, upstream: FakeUpstream) -> None:
     release = tmp_path / "releases" / "abc123def456"
     release.mkdir(parents=True)
     (release / "sidecar.json").write_text(
@@ -342,6 +311,363 @@ def test_identity_labels_and_info_from_sidecar_json(tmp_path: Path, upstream: Up
     info = dict(next(iter(out["vfleet_info"])))
     assert info["vllm_version"] == "0.32.0" and info["release"] == "abc123def456"
     assert info["metrics_table"] == "0.32"
+
+
+# ------------------------------------------------- issue 22: a misbehaving upstream (finding 4)
+
+GEN = "vllm:generation_tokens_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+RUNNING = "vllm:num_requests_running"
+KV = "vllm:kv_cache_usage_perc"
+
+
+def exposition(base: str = REAL, dup: str | None = None, **values: str | float) -> str:
+    """REAL with the one sample of each named series set to a value (`vllm_` for `vllm:`);
+    ``dup`` repeats that series' line, as a broken exporter might."""
+    lines = base.splitlines(keepends=True)
+    for key, value in values.items():
+        name = key.replace("vllm_", "vllm:", 1)
+        hits = [i for i, line in enumerate(lines) if line.startswith(name + "{")]
+        assert len(hits) == 1, (name, hits)
+        head = lines[hits[0]].rsplit(" ", 1)[0]
+        lines[hits[0]] = f"{head} {value}\n"
+    if dup is not None:
+        i = next(i for i, line in enumerate(lines) if line.startswith(dup + "{"))
+        lines.insert(i + 1, lines[i])
+    return "".join(lines)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def feed(
+    upstream: FakeUpstream, bodies: list[str], step: float = 10.0, window: float = 600
+) -> tuple[VllmCollector, list[dict[str, dict[tuple[tuple[str, str], ...], float]]]]:
+    """Scrape one collector once per body, ``step`` seconds apart on its clock."""
+    clock = Clock()
+    c = VllmCollector(upstream.url, window=window, timeout=2, clock=clock)
+    outs = []
+    for body in bodies:
+        upstream.routes["/metrics"] = metrics(body)
+        outs.append(scrape(c))
+        clock.t += step
+    return c, outs
+
+
+def bad_samples(out: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> dict[str, float]:
+    series = out.get("vfleet_upstream_bad_samples_total", {})
+    return {f"{dict(k)['family']}/{dict(k)['reason']}": v for k, v in series.items()}
+
+
+def test_one_counter_going_back_resets_that_series_only(upstream: FakeUpstream) -> None:
+    """Was: every counter taken as restarted (decode jumped from 98 to 433 tok/s)."""
+    _, outs = feed(
+        upstream,
+        [
+            exposition(vllm_generation_tokens_total=1000, vllm_spec_decode_num_drafts_total=500),
+            exposition(vllm_generation_tokens_total=2000, vllm_spec_decode_num_drafts_total=600),
+            # the drafts counter goes back; generation tokens go on at 100/s
+            exposition(vllm_generation_tokens_total=3000, vllm_spec_decode_num_drafts_total=5),
+        ],
+    )
+    last = outs[-1]
+    assert only_value(last["vfleet_decode_tokens_per_second"]) == pytest.approx(2000 / 20)
+    # drafts: +100, then a reset to 0 and +5: as Prometheus' increase() counts it
+    assert only_value(last["vfleet_spec_decode_drafts_per_second"]) == pytest.approx(105 / 20)
+    assert only_value(last["vfleet_vllm_restarts_total"]) == 0.0  # vLLM did not restart
+    assert bad_samples(last) == {f"{DRAFTS}/counter_reset": 1.0}
+
+
+def test_a_changed_process_start_time_resets_every_series(upstream: FakeUpstream) -> None:
+    start = "process_start_time_seconds 1.79596627359e+09\n"
+    restarted = exposition(vllm_generation_tokens_total=5000).replace(
+        start, "process_start_time_seconds 1.79596700000e+09\n"
+    )
+    assert restarted != exposition(vllm_generation_tokens_total=5000)
+    _, outs = feed(
+        upstream,
+        [
+            exposition(vllm_generation_tokens_total=1000),
+            exposition(vllm_generation_tokens_total=2000),
+            restarted,  # the new process already made 5000 tokens: all of them count
+        ],
+    )
+    assert only_value(outs[-1]["vfleet_decode_tokens_per_second"]) == pytest.approx(6000 / 20)
+    assert only_value(outs[-1]["vfleet_vllm_restarts_total"]) == 1.0
+
+
+@pytest.mark.parametrize("value", ["+Inf", "-Inf", "NaN", "-5.0"])
+def test_a_non_finite_or_negative_counter_is_rejected_and_poisons_nothing(
+    upstream: FakeUpstream, value: str
+) -> None:
+    """Was: one +Inf made decode read 0 until the exporter restarted; a negative counter
+    counted a restart at every scrape."""
+    _, outs = feed(
+        upstream,
+        [
+            exposition(vllm_generation_tokens_total=1000),
+            exposition(vllm_generation_tokens_total=value),
+            exposition(vllm_generation_tokens_total=value),
+            exposition(vllm_generation_tokens_total=2000),
+            exposition(vllm_generation_tokens_total=3000),
+        ],
+    )
+    for out in outs[1:3]:
+        assert only_value(out["vfleet_vllm_up"]) == 1.0
+        assert "vfleet_decode_tokens_per_second" not in out  # skipped, not 0, not a jump
+        assert "vfleet_spec_decode_drafts_per_second" in out  # other families still count
+    reason = {"+Inf": "inf", "-Inf": "inf", "NaN": "nan", "-5.0": "negative"}[value]
+    assert bad_samples(outs[-1]) == {f"{GEN}/{reason}": 2.0}
+    assert only_value(outs[-1]["vfleet_vllm_restarts_total"]) == 0.0
+    # 1000 at t=0 .. 3000 at t=40: the bad samples left no trace
+    assert only_value(outs[-1]["vfleet_decode_tokens_per_second"]) == pytest.approx(2000 / 40)
+
+
+def test_a_skipped_sample_at_the_start_of_the_window_hides_no_figure(
+    upstream: FakeUpstream,
+) -> None:
+    """Once the scrape that skipped a family is the oldest in the window, its figures come
+    from the oldest sample that has the family, not from nothing."""
+    _, outs = feed(
+        upstream,
+        [
+            exposition(vllm_generation_tokens_total=1000),
+            exposition(vllm_generation_tokens_total="+Inf", vllm_spec_decode_num_drafts_total=20),
+            exposition(vllm_generation_tokens_total=2000, vllm_spec_decode_num_drafts_total=30),
+            exposition(vllm_generation_tokens_total=3000, vllm_spec_decode_num_drafts_total=40),
+            exposition(vllm_generation_tokens_total=4000, vllm_spec_decode_num_drafts_total=50),
+        ],
+        window=30,  # at the last scrape (t=40) the window starts with the +Inf scrape (t=10)
+    )
+    last = outs[-1]
+    assert only_value(last["vfleet_window_seconds"]) == 30.0
+    assert only_value(last["vfleet_decode_tokens_per_second"]) == pytest.approx(2000 / 20)
+    assert only_value(last["vfleet_spec_decode_drafts_per_second"]) == pytest.approx(30 / 30)
+
+
+def test_a_repeated_series_is_rejected_not_summed(upstream: FakeUpstream) -> None:
+    """Was: duplicate series were summed (an acceptance rate of 3.43)."""
+    _, outs = feed(
+        upstream,
+        [
+            exposition(dup=ACCEPTED),
+            exposition(
+                dup=ACCEPTED,
+                vllm_spec_decode_num_accepted_tokens_total=60,
+                vllm_spec_decode_num_draft_tokens_total=70,
+            ),
+        ],
+    )
+    assert "vfleet_spec_decode_acceptance_rate" not in outs[-1]
+    assert "vfleet_spec_decode_draft_tokens_per_second" in outs[-1]
+    assert bad_samples(outs[-1]) == {f"{ACCEPTED}/duplicate": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("series", "value", "figure"),
+    [
+        (KV, 42, "vfleet_kv_cache_usage_ratio"),
+        (KV, -5, "vfleet_kv_cache_usage_ratio"),
+        (KV, "+Inf", "vfleet_kv_cache_usage_ratio"),
+        (RUNNING, -3, "vfleet_requests_running"),
+    ],
+)
+def test_a_gauge_out_of_its_range_is_rejected(
+    upstream: FakeUpstream, series: str, value: float, figure: str
+) -> None:
+    """Was: KV usage 42 or -5 and -3 running requests were exported as read."""
+    _, outs = feed(upstream, [exposition(REAL, None, **{series.replace(":", "_", 1): value})])
+    assert only_value(outs[0]["vfleet_vllm_up"]) == 1.0
+    assert figure not in outs[0]
+    assert bad_samples(outs[0]) == {f"{series}/out_of_range": 1.0}
+
+
+def test_a_body_cut_at_a_line_boundary_is_detected(upstream: FakeUpstream) -> None:
+    """Was: a body cut at a line without a Content-Length looked complete.
+
+    vLLM's /metrics comes with a Content-Length, and a body shorter than that is an error in
+    itself (the short-body case above); here the body ends when the connection closes (as
+    from an HTTP/1.0 proxy), so only the content can tell: the body lacks the name that ended
+    the previous body of the same process."""
+    clock = Clock()
+    c = VllmCollector(upstream.url, window=600, timeout=2, clock=clock)
+    cut = REAL[: REAL.index(GEN + "{")]  # ends at a line boundary, before generation tokens
+    for body, up in [(REAL, 1.0), (cut, 0.0), (REAL, 1.0)]:
+        upstream.routes["/metrics"] = metrics(body, framing="close")
+        out = scrape(c)
+        clock.t += 10
+        assert only_value(out["vfleet_vllm_up"]) == up
+    errors = {dict(k)["reason"]: v for k, v in out["vfleet_upstream_errors_total"].items()}
+    assert errors == {"truncated": 1.0}
+
+
+def test_a_histogram_cut_inside_its_family_is_rejected(upstream: FakeUpstream) -> None:
+    text = "".join(
+        line
+        for line in REAL.splitlines(keepends=True)
+        if not line.startswith("vllm:time_to_first_token_seconds_bucket{")
+        or 'le="+Inf"' not in line
+    )
+    _, outs = feed(upstream, [text, text])
+    assert "vfleet_time_to_first_token_seconds" not in outs[-1]
+    assert "vfleet_decode_tokens_per_second" in outs[-1]  # the other families count
+    assert bad_samples(outs[-1]) == {"vllm:time_to_first_token_seconds/incomplete": 2.0}
+
+
+# ------------------------------------------------ issue 22: a slow or huge upstream (finding 5)
+
+
+def scrape_within(
+    c: VllmCollector, seconds: float
+) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """A scrape in a thread: fails (instead of hanging the test) if it outlives ``seconds``."""
+    result: list[dict[str, dict[tuple[tuple[str, str], ...], float]]] = []
+    worker = threading.Thread(target=lambda: result.append(scrape(c)), daemon=True)
+    t0 = time.monotonic()
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"the scrape did not end within {seconds} s"
+    assert result, "the scrape raised"
+    assert time.monotonic() - t0 < seconds
+    return result[0]
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+def test_an_upstream_trickling_bytes_gives_up_0_within_the_deadline(
+    upstream: FakeUpstream, framing: str
+) -> None:
+    """Was: a byte every so often kept each socket read alive, and the scrape never ended."""
+    c = VllmCollector(upstream.url, window=60, timeout=1.0)
+    upstream.routes["/metrics"] = metrics(framing=framing, trickle=0.05)
+    out = scrape_within(c, 3.0)
+    assert only_value(out["vfleet_vllm_up"]) == 0.0
+    assert {dict(k)["reason"] for k in out["vfleet_upstream_errors_total"]} == {"timeout"}
+    upstream.routes["/metrics"] = metrics()  # the upstream recovers: so does the next scrape
+    assert only_value(scrape_within(c, 3.0)["vfleet_vllm_up"]) == 1.0
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+def test_a_body_over_the_cap_gives_up_0(upstream: FakeUpstream, framing: str) -> None:
+    c = VllmCollector(upstream.url, window=60, timeout=5, max_bytes=len(REAL) - 1)
+    out = scrape_within(c, 10.0)
+    assert only_value(out["vfleet_vllm_up"]) == 0.0
+    assert {dict(k)["reason"] for k in out["vfleet_upstream_errors_total"]} == {"too_large"}
+    c.max_bytes = len(REAL)
+    assert only_value(scrape_within(c, 10.0)["vfleet_vllm_up"]) == 1.0
+
+
+def test_concurrent_scrapes_of_a_hung_upstream_all_end_in_bounded_time(
+    upstream: FakeUpstream,
+) -> None:
+    """Scrapes queue on one lock; each waits at most 2 x --timeout + 1 s for it, then answers
+    `up 0` (reason busy) instead of holding its thread."""
+    c = VllmCollector(upstream.url, window=60, timeout=0.5)
+    upstream.routes["/metrics"] = metrics(hang=True)
+    outs: list[dict[str, dict[tuple[tuple[str, str], ...], float]]] = []
+    workers = [threading.Thread(target=lambda: outs.append(scrape(c))) for _ in range(8)]
+    t0 = time.monotonic()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(10)
+    took = time.monotonic() - t0
+    assert not any(w.is_alive() for w in workers) and len(outs) == 8
+    assert took < 2 * 0.5 + 1 + 0.5 + 1  # the lock's bound, one scrape, slack for a busy box
+    assert all(only_value(o["vfleet_vllm_up"]) == 0.0 for o in outs)
+    assert c.errors.get("busy", 0) >= 1 and c.errors.get("timeout", 0) >= 1, c.errors
+
+
+def threads_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+
+
+def test_the_exporter_stays_bounded_and_recovers_behind_a_slow_upstream(
+    upstream: FakeUpstream,
+) -> None:
+    """The real command: N scrapes of a trickling vLLM each answer `up 0` by the deadline,
+    the process' thread count stays flat, and the first scrape after vLLM recovers is up.
+    Was: scrapes hung, later ones queued behind them after recovery, threads grew."""
+    import urllib.request
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vfleet_healthcheck.exporter",
+            "--vllm-url",
+            upstream.url,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--timeout",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=4) as r:
+            return str(r.read().decode())
+
+    try:
+        for _ in range(100):  # bounded: 10 s
+            try:
+                assert "vfleet_vllm_up 1.0" in get()
+                break
+            except OSError:
+                time.sleep(0.1)
+        before = threads_of(proc.pid)
+        upstream.routes["/metrics"] = metrics(trickle=0.05)
+        for _ in range(6):
+            t0 = time.monotonic()
+            assert "vfleet_vllm_up 0.0" in get()
+            assert time.monotonic() - t0 < 2.5  # the 1 s deadline, plus the exporter's work
+        time.sleep(0.3)  # the last request's handler thread ends after its answer
+        assert threads_of(proc.pid) <= before
+        upstream.routes["/metrics"] = metrics()
+        assert "vfleet_vllm_up 1.0" in get()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_the_bounded_client_keeps_its_deadline_over_tls(tmp_path: Path) -> None:
+    """The same deadline holds for https (the TLS socket re-arms it at every read)."""
+    import ssl
+
+    from vfleet_healthcheck.bounded_http import RequestError, request
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    with FakeUpstream({"/metrics": metrics()}, tls=server) as u:
+        assert u.url.startswith("https://")
+        resp = request(u.url + "/metrics", timeout=5, context=client)
+        assert resp.status == 200 and resp.body == REAL.encode()
+        u.routes["/metrics"] = metrics(trickle=0.05)
+        t0 = time.monotonic()
+        with pytest.raises(RequestError) as caught:
+            request(u.url + "/metrics", timeout=1, context=client)
+        assert caught.value.reason == "timeout" and time.monotonic() - t0 < 2
 
 
 # --------------------------------------------------------------------------- the command
@@ -380,7 +706,7 @@ def test_command_rejects_bad_input_with_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
 
 
-def test_command_serves_metrics_and_stops_on_sigterm(upstream: Upstream) -> None:
+def test_command_serves_metrics_and_stops_on_sigterm(upstream: FakeUpstream) -> None:
     import urllib.request
 
     port = free_port()

@@ -1,5 +1,8 @@
 """The probe's exit codes and output without a server (the tiers against a real vLLM are in
-test_e2e_deploy.py)."""
+test_e2e_deploy.py), and against hostile servers: an answer trickled a byte at a time, a server
+that accepts and never answers, a 200 whose body is not the JSON expected. A real vLLM cannot be
+made to do those, so they come from a loopback fake (tests/support/fake_upstream.py, shared with
+the sidecar's tests); the probe itself runs as the real command."""
 
 from __future__ import annotations
 
@@ -10,7 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from vfleet_healthcheck.probe import read_env_file
+
+from .support.fake_upstream import FakeUpstream, Reply
 
 PROBE = [sys.executable, "-m", "vfleet_healthcheck.probe"]
 
@@ -55,6 +61,15 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     bad.write_text("{not json")
     r = probe("--config", str(bad))
     assert r.returncode == 2 and str(bad) in r.stderr
+    r = probe("--config", str(bad), "--prereqs")
+    assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+    for flag, value in (("--timeout", "0"), ("--timeout", "nan"), ("--wait", "-1")):
+        r = probe("--url", "http://127.0.0.1:1", "--model", "m", flag, value)
+        assert r.returncode == 2 and f"{flag}: expected" in r.stderr, r.stderr
+    bad.write_text("[1, 2]")
+    for args in ((), ("--prereqs",)):
+        r = probe("--config", str(bad), *args)
+        assert r.returncode == 2 and "expected a JSON object" in r.stderr, r.stderr
 
 
 def test_env_file_is_read_like_systemd_and_sh(tmp_path: Path) -> None:
@@ -116,3 +131,107 @@ def test_prereqs_name_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "no-model" / "config.json").write_text("{}")
     r = probe("--config", str(conf), "--prereqs")
     assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------- issue 22: a hostile server (finding 5)
+
+
+def server(**over: Reply) -> dict[str, Reply]:
+    """A server that passes every tier up to serving; ``over`` replaces a path's answer."""
+    routes = {
+        "/health": Reply(b""),
+        "/v1/models": Reply(b'{"object": "list", "data": [{"id": "m"}]}'),
+        "/v1/chat/completions": Reply(
+            b'{"choices": [{"message": {"content": "OK"}}], "usage": {"completion_tokens": 1}}'
+        ),
+    }
+    routes.update({"/" + k.replace("_", "/"): v for k, v in over.items()})
+    return routes
+
+
+def timed_probe(url: str, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    try:
+        r = probe("--url", url, "--model", "m", "--interval", "0.5", *args, timeout=25)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the probe ran past 25 s")
+    return r, time.monotonic() - start
+
+
+def test_a_healthy_server_passes() -> None:
+    """The fake's normal answers are what the probe expects: the failures below are theirs."""
+    with FakeUpstream(server()) as u:
+        r, _ = timed_probe(u.url, "--timeout", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "serving  ok" in r.stdout
+
+
+SLOW = b"x" * 500  # trickled at 0.1 s a byte: 50 s for one answer
+
+
+@pytest.mark.parametrize("path", ["health", "v1_models", "v1_chat_completions"])
+@pytest.mark.parametrize("how", ["trickle", "hang"])
+def test_timeout_and_wait_hold_against_a_slow_or_hung_server(path: str, how: str) -> None:
+    """Was: `--timeout 3 --wait 10` ran 90 s against a trickling server until killed."""
+    slow = Reply(SLOW, trickle=0.1) if how == "trickle" else Reply(hang=True)
+    with FakeUpstream(server(**{path: slow})) as u:
+        r, took = timed_probe(u.url, "--timeout", "1", "--wait", "3")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert took < 3 + 2.5  # --wait, plus the interpreter's start
+    failed = [line for line in r.stdout.splitlines() if "FAIL" in line]
+    assert len(failed) == 1 and "within 1.0 s" in failed[0], r.stdout
+
+
+def test_wait_cuts_a_request_that_outlives_it() -> None:
+    """--wait is the end of the waiting even while a request's own --timeout has time left."""
+    with FakeUpstream(server(health=Reply(SLOW, trickle=0.1))) as u:
+        r, took = timed_probe(u.url, "--timeout", "30", "--wait", "2")
+    assert r.returncode == 1 and took < 2 + 2.5, (took, r.stdout)
+
+
+NOT_JSON = "not JSON"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("v1_models", b"<html><body>Welcome to nginx!</body></html>", NOT_JSON),
+        ("v1_models", b'[{"id": "m"}]', "without a data list"),
+        ("v1_models", b'{"data": "m"}', "without a data list"),
+        ("v1_models", bytes(range(256)), NOT_JSON),
+        ("v1_chat_completions", b'{"usage": null}', "without usage.completion_tokens"),
+        ("v1_chat_completions", b'{"usage": {"completion_tokens": "1"}}', "completion_tokens"),
+        ("v1_chat_completions", b"[]", "not a JSON object"),
+        ("v1_chat_completions", bytes(range(256)), NOT_JSON),
+        ("v1_chat_completions", b"<html>502 Bad Gateway</html>", NOT_JSON),
+    ],
+    ids=[
+        "models-html",
+        "models-list",
+        "models-data-str",
+        "models-binary",
+        "usage-null",
+        "tokens-str",
+        "completion-list",
+        "completion-binary",
+        "completion-html",
+    ],
+)
+def test_an_unexpected_200_body_fails_its_tier_in_one_line(
+    path: str, body: bytes, says: str
+) -> None:
+    """Was: a traceback (exit 1 by accident) and --wait ignored."""
+    with FakeUpstream(server(**{path: Reply(body)})) as u:
+        r, took = timed_probe(u.url, "--timeout", "2", "--wait", "1.5")
+        assert u.hits.count("/" + path.replace("_", "/")) >= 2  # --wait honoured: it retried
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr
+    assert "waiting for" in r.stderr
+    failed = [line for line in r.stdout.splitlines() if "FAIL" in line]
+    assert len(failed) == 1 and says in failed[0], r.stdout
+    assert took < 1.5 + 2.5
+    with FakeUpstream(server(**{path: Reply(body)})) as u:
+        r = probe("--url", u.url, "--model", "m", "--timeout", "2", "--json")
+    report = json.loads(r.stdout)  # --json stays one JSON object
+    assert r.returncode == 1 and report["ok"] is False

@@ -6,21 +6,26 @@ figures under the `vfleet_` prefix with the deployment's identity as constant la
 cannot be read, only `vfleet_vllm_up 0`, the scrape duration and the exporter's own counters are
 exported: no stale figures. Bad input never crashes it; each new problem is logged once.
 
+It reports only what is true of a misbehaving upstream: one deadline bounds each read of vLLM
+(connect and whole body, `--timeout`) and a cap its size (`--max-body-bytes`); a body known to
+be cut is not used; a family with a NaN, infinite or negative counter sample, a gauge outside
+its range or a repeated series is skipped for that scrape and counted in
+`vfleet_upstream_bad_samples_total{family,reason}`; counters are continued per series.
+
     vfleet-exporter --vllm-url http://127.0.0.1:8000 --listen 127.0.0.1:9500 [--window 60]
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import logging
+import math
+import re
 import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .bounded_http import DEFAULT_MAX_BYTES, RequestError, request
 from .vllm_metrics import (
     DEFAULT_VERSION,
     Family,
@@ -95,24 +101,35 @@ class UpstreamError(Exception):
         self.reason = reason
 
 
-def fetch(url: str, timeout: float) -> str:
-    """GET ``url``; raise UpstreamError(reason) on anything but a complete 200 response."""
+def fetch(url: str, timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """GET ``url`` within ``timeout`` seconds in all (connect and whole body); raise
+    UpstreamError(reason) on anything but a complete 200 response of at most ``max_bytes``.
+
+    Reasons: connect, timeout, truncated, too_large, protocol, http_<status>.
+    """
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body: bytes = resp.read()
-    except urllib.error.HTTPError as exc:
-        raise UpstreamError(f"http_{exc.code}", f"HTTP {exc.code} from {url}") from None
-    except TimeoutError:
-        raise UpstreamError("timeout", f"no answer from {url} within {timeout} s") from None
-    except http.client.IncompleteRead:
-        raise UpstreamError("truncated", f"{url} closed the connection mid-body") from None
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            raise UpstreamError("timeout", f"no answer from {url} within {timeout} s") from None
-        raise UpstreamError("connect", f"cannot reach {url}: {exc.reason}") from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise UpstreamError("connect", f"{url}: {exc}") from None
-    return body.decode("utf-8", errors="replace")
+        resp = request(url, timeout=timeout, max_bytes=max_bytes)
+    except RequestError as exc:
+        raise UpstreamError(exc.reason, str(exc)) from None
+    if resp.status != 200:
+        raise UpstreamError(f"http_{resp.status}", f"HTTP {resp.status} from {url}")
+    return resp.body.decode("utf-8", errors="replace")
+
+
+_END_LINE = re.compile(r"^# (?:HELP|TYPE) (\S+)|^([^\s{]+)")
+
+
+def last_name(text: str) -> str | None:
+    """The metric name on the body's last line (a sample, or a HELP/TYPE comment)."""
+    line = text.rstrip("\n").rsplit("\n", 1)[-1].strip()
+    m = _END_LINE.match(line)
+    if not m or (line.startswith("#") and not m.group(1)):
+        return None
+    return m.group(1) or m.group(2)
+
+
+def has_name(text: str, name: str) -> bool:
+    return re.search(rf"^(?:# (?:HELP|TYPE) )?{re.escape(name)}[ {{]", text, re.M) is not None
 
 
 # The SM75 plugin's state file (vfleet_sm75/state.py writes it): its "active" list is the label.
@@ -162,18 +179,25 @@ class VllmCollector(Collector):
         *,
         window: float = 60.0,
         timeout: float = 3.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         identity: Identity | None = None,
         vllm_version: str = DEFAULT_VERSION,
         clock: Any = time.monotonic,
     ) -> None:
         self.url = vllm_url.rstrip("/") + "/metrics"
         self.timeout = timeout
+        self.max_bytes = max_bytes
         self.identity = identity or Identity()
         self.table: dict[str, Family] = families(vllm_version)
         self.table_version = table_version(vllm_version)
         self.window = Window(window, self.table)
         self.clock = clock
         self.errors: dict[str, int] = {}
+        # (vLLM family, reason) -> scrapes in which that family had bad samples
+        self.bad_samples: dict[tuple[str, str], int] = {}
+        # The last line's metric name of the previous body, and its process start time: a
+        # later body of the same process that lacks it was cut short.
+        self._end: tuple[str | None, float | None] = (None, None)
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._up: bool | None = None
@@ -193,17 +217,38 @@ class VllmCollector(Collector):
                 log.warning("vLLM at %s is down: %s", self.url, detail)
         self._up = up
 
+    def _cut_short(self, text: str, start: float | None) -> bool:
+        """True when this body ends before the previous body of the same vLLM process did.
+
+        prometheus_client writes the families in a fixed order and a running process never
+        drops one, so a body lacking the name that ended the previous body lost its tail. The
+        first body, a body cut the same way every time and a body after a restart cannot be
+        judged this way. A family vLLM really dropped costs one scrape: the end is taken from
+        every body, used or not.
+        """
+        prev_end, prev_start = self._end
+        end = last_name(text)
+        self._end = (end, start)
+        if prev_end is None or start is None or start != prev_start or end == prev_end:
+            return False
+        return not has_name(text, prev_end)
+
     def scrape(self) -> tuple[bool, float]:
         """Scrape vLLM once and update the window. Returns (up, seconds taken)."""
         t0 = time.perf_counter()
         try:
-            text = fetch(self.url, self.timeout)
-            if not text.endswith("\n"):
-                # A body cut at a line may end inside a number: drop the last line.
-                text = text.rsplit("\n", 1)[0] if "\n" in text else ""
+            text = fetch(self.url, self.timeout, self.max_bytes)
             parsed = parse(text, self.table)
             if not parsed.values:
                 raise UpstreamError("parse", f"{self.url} returned no vLLM metrics")
+            if not text.endswith("\n"):
+                # prometheus_client ends every line with a newline: this body was cut inside
+                # a line, and a multi-engine sum cut between its series would be wrong.
+                raise UpstreamError("truncated", f"{self.url}: the body ends inside a line")
+            if self._cut_short(text, parsed.values.get("process_start_time")):
+                raise UpstreamError(
+                    "truncated", f"{self.url}: the body ends before the previous one did"
+                )
         except UpstreamError as exc:
             self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
             self._set_up(False, str(exc))
@@ -211,6 +256,7 @@ class VllmCollector(Collector):
             self.last_figures = Figures()
             return False, time.perf_counter() - t0
         for logical, why in parsed.bad.items():
+            self._count_bad(logical, parsed.rejected.get(logical, "malformed"))
             self._once(f"bad:{logical}:{why}", f"skipping {logical} this scrape: {why}")
         for logical, fam in self.table.items():
             if (
@@ -221,14 +267,35 @@ class VllmCollector(Collector):
                 self._once(f"missing:{logical}", f"vLLM does not export {fam.name}")
         if self.window.add(self.clock(), parsed):
             log.warning("vLLM restarted (restart %d seen by this exporter)", self.window.restarts)
+        for logical in sorted({key.split("/", 1)[0] for key in self.window.last_resets}):
+            self._count_bad(logical, "counter_reset")
+            self._once(
+                f"reset:{logical}",
+                f"{logical} went back without a restart: taken as a reset of that series only",
+            )
         self._set_up(True)
         self.last_figures = self.window.figures()
         return True, time.perf_counter() - t0
 
+    def _count_bad(self, logical: str, reason: str) -> None:
+        key = (self.table[logical].name, reason)
+        self.bad_samples[key] = self.bad_samples.get(key, 0) + 1
+
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            up, took = self.scrape()
-            figures = self.last_figures
+        # Each scrape ends by its deadline, so the lock is free within about one --timeout;
+        # the bound keeps a pile of concurrent scrapes from holding threads any longer.
+        t0 = time.perf_counter()
+        if self._lock.acquire(timeout=2 * self.timeout + 1):
+            try:
+                up, took = self.scrape()
+                figures = self.last_figures
+                errors, bad = dict(self.errors), dict(self.bad_samples)
+            finally:
+                self._lock.release()
+        else:
+            up, took, figures = False, time.perf_counter() - t0, Figures()
+            self.errors["busy"] = self.errors.get("busy", 0) + 1
+            errors, bad = dict(self.errors), dict(self.bad_samples)
         names = list(self.identity.labels)
         values = [self.identity.labels[k] for k in names]
 
@@ -239,12 +306,22 @@ class VllmCollector(Collector):
 
         yield gauge("vfleet_vllm_up", "1 if vLLM's /metrics was read at this scrape.", float(up))
         yield gauge("vfleet_scrape_duration_seconds", "Time to read vLLM's /metrics.", took)
-        errors = CounterMetricFamily(
+        failed = CounterMetricFamily(
             "vfleet_upstream_errors", "Failed reads of vLLM's /metrics.", labels=[*names, "reason"]
         )
-        for reason, count in sorted(self.errors.items()):
-            errors.add_metric([*values, reason], count)
-        yield errors
+        for reason, count in sorted(errors.items()):
+            failed.add_metric([*values, reason], count)
+        yield failed
+        rejected = CounterMetricFamily(
+            "vfleet_upstream_bad_samples",
+            "Scrapes in which a vLLM family had bad samples, by family and reason: skipped for "
+            "that scrape (nan, inf, negative, out_of_range, duplicate, malformed, incomplete) "
+            "or a counter that went back in one process (counter_reset, that series only).",
+            labels=[*names, "family", "reason"],
+        )
+        for (family, reason), count in sorted(bad.items()):
+            rejected.add_metric([*values, family, reason], count)
+        yield rejected
         restarts = CounterMetricFamily(
             "vfleet_vllm_restarts", "vLLM restarts this exporter saw.", labels=names
         )
@@ -307,6 +384,19 @@ def _listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _positive(kind: type[float] | type[int]) -> Any:
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+        return value
+
+    return convert
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vfleet-exporter",
@@ -326,10 +416,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_positive(float),
         default=3.0,
-        help="seconds to wait for vLLM's /metrics; keep it below Prometheus' scrape timeout "
-        "(default 3)",
+        help="seconds for a whole read of vLLM's /metrics (connect, headers and body "
+        "together): a slower or hung vLLM gives vfleet_vllm_up 0 by then; keep it below "
+        "Prometheus' scrape timeout (default 3)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=_positive(int),
+        default=DEFAULT_MAX_BYTES,
+        metavar="BYTES",
+        help="largest /metrics body read; a larger one gives vfleet_vllm_up 0 "
+        f"(reason too_large; default {DEFAULT_MAX_BYTES}, vLLM's is ~55 KB)",
     )
     p.add_argument(
         "--config",
@@ -365,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             args.vllm_url,
             window=args.window,
             timeout=args.timeout,
+            max_bytes=args.max_body_bytes,
             identity=identity,
             vllm_version=version,
         )

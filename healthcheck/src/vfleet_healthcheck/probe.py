@@ -4,23 +4,28 @@
 generation hung in a community report. So readiness here means a real generation, and
 "warm" means the warmup set ran against this very server process (JIT kernels compiled
 before traffic arrives).
+
+Every request ends by its deadline (``--timeout`` for the request as a whole, and the end of
+``--wait`` while waiting), whatever the server does; an answer that is not what vLLM sends (HTML
+from a proxy, a JSON list, ``"usage": null``, binary) fails its tier with a one-line reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .bounded_http import RequestError, request
 
 TIERS = ("live", "models", "serving", "warm")
 
@@ -36,6 +41,7 @@ class Target:
         default_factory=lambda: [{"concurrency": 1, "prompt_tokens": 8, "max_tokens": 8}]
     )
     state_dir: Path = Path(os.environ.get("VFLEET_PROBE_STATE", "/tmp"))
+    until: float = math.inf  # monotonic end of --wait: no request runs past it
 
 
 @dataclass
@@ -43,12 +49,17 @@ class TierResult:
     ok: bool
     detail: str
     ms: int
+    cut: bool = False  # failed because --wait ran out, not because of the server
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "detail": self.detail, "ms": self.ms}
 
 
 class ProbeError(Exception):
+    pass
+
+
+class WaitRanOut(ProbeError):
     pass
 
 
@@ -72,24 +83,50 @@ def _request(
     if t.api_key:
         headers["Authorization"] = f"Bearer {t.api_key}"
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(t.url.rstrip("/") + path, data=data, headers=headers)
+    limit = timeout or t.timeout_s
+    left = t.until - time.monotonic()
+    cut = left < limit
+    if cut:
+        if left <= 0:
+            raise WaitRanOut(f"{path}: --wait ran out before the request")
+        limit = left
     try:
-        with urllib.request.urlopen(req, timeout=timeout or t.timeout_s) as resp:
-            return int(resp.status), bytes(resp.read())
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read() if exc.fp else b""
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ProbeError(f"{type(reason).__name__}: {reason}") from None
+        resp = request(
+            t.url.rstrip("/") + path,
+            timeout=limit,
+            method="POST" if data is not None else "GET",
+            body=data,
+            headers=headers,
+        )
+    except RequestError as exc:
+        if cut and exc.reason == "timeout":
+            raise WaitRanOut(f"{path}: no complete answer before --wait ran out") from None
+        raise ProbeError(str(exc)) from None
+    return resp.status, resp.body
+
+
+def _preview(raw: bytes) -> str:
+    """The start of a body, on one line (binary escaped)."""
+    return repr(raw[:60]) + ("..." if len(raw) > 60 else "")
+
+
+def _json(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        raise ProbeError(f"{what} answered 200, but not JSON: {_preview(raw)}") from None
 
 
 def _timed(fn: Any, *args: Any) -> TierResult:
     start = time.monotonic()
+    cut = False
     try:
         ok, detail = fn(*args)
+    except WaitRanOut as exc:
+        ok, detail, cut = False, str(exc), True
     except ProbeError as exc:
         ok, detail = False, str(exc)
-    return TierResult(ok, detail, int((time.monotonic() - start) * 1000))
+    return TierResult(ok, detail, int((time.monotonic() - start) * 1000), cut)
 
 
 def check_live(t: Target) -> tuple[bool, str]:
@@ -101,7 +138,11 @@ def check_models(t: Target) -> tuple[bool, str]:
     status, body = _request(t, "/v1/models", timeout=min(t.timeout_s, 10))
     if status != 200:
         return False, f"/v1/models {status}"
-    ids = [m.get("id") for m in json.loads(body).get("data", [])]
+    data = _json(body, "/v1/models")
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return False, f"/v1/models answered 200 without a data list: {_preview(body)}"
+    ids = [m.get("id") for m in items if isinstance(m, dict)]
     if t.model in ids:
         return True, f"{t.model} listed"
     return False, f"{t.model} not in {ids}"
@@ -117,14 +158,21 @@ def complete(t: Target, prompt: str, max_tokens: int) -> dict[str, Any]:
     }
     status, raw = _request(t, "/v1/chat/completions", body)
     if status != 200:
-        raise ProbeError(f"chat completion {status}: {raw[:200].decode(errors='replace')}")
-    result: dict[str, Any] = json.loads(raw)
+        raise ProbeError(f"chat completion {status}: {_preview(raw)}")
+    result = _json(raw, "chat completion")
+    if not isinstance(result, dict):
+        raise ProbeError(f"chat completion answered 200, but not a JSON object: {_preview(raw)}")
+    usage = result.get("usage")
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ProbeError(
+            f"chat completion answered 200 without usage.completion_tokens: {_preview(raw)}"
+        )
     return result
 
 
 def check_serving(t: Target) -> tuple[bool, str]:
-    out = complete(t, "Say OK.", 1)
-    n = out.get("usage", {}).get("completion_tokens", 0)
+    n = complete(t, "Say OK.", 1)["usage"]["completion_tokens"]
     return n >= 1, f"1-token completion: {n} token(s)"
 
 
@@ -149,8 +197,11 @@ def check_warm(t: Target) -> tuple[bool, str]:
         return False, "no process_start_time_seconds in /metrics"
     if not marker.exists():
         return False, "warmup has not run (vfleet-probe --warmup)"
-    data = json.loads(marker.read_text(encoding="utf-8"))
-    if data.get("server") != ident:
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return False, f"{marker} unreadable ({exc}): run vfleet-probe --warmup again"
+    if not isinstance(data, dict) or data.get("server") != ident:
         return False, "warmup ran against an earlier server process"
     return True, f"warmup ran {data.get('requests')} requests in {data.get('seconds')} s"
 
@@ -163,7 +214,8 @@ def tokens_per_filler(t: Target) -> float:
     """Tokens per FILLER unit for this model; a safe overestimate if /tokenize is missing."""
     try:
         status, raw = _request(t, "/tokenize", {"model": t.model, "prompt": FILLER * 20})
-        count = json.loads(raw).get("count") if status == 200 else None
+        data = json.loads(raw) if status == 200 else None
+        count = data.get("count") if isinstance(data, dict) else None
     except (ProbeError, ValueError):
         count = None
     return count / 20 if isinstance(count, int) and count > 0 else 20.0
@@ -221,8 +273,10 @@ def load_target(a: argparse.Namespace) -> Target:
     if a.config:
         try:
             conf = json.loads(Path(a.config).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:
             raise SystemExit(_usage_error(f"{a.config}: {exc}")) from None
+        if not isinstance(conf, dict):
+            raise SystemExit(_usage_error(f"{a.config}: expected a JSON object"))
     url = a.url or conf.get("url")
     model = a.model or conf.get("served_model_name")
     if not url or not model:
@@ -329,6 +383,22 @@ def process_alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+def _seconds(zero: bool) -> Any:
+    """An argparse type: a finite number of seconds, above 0 (or at least 0 when ``zero``)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            low = "0 or more" if zero else "more than 0"
+            raise argparse.ArgumentTypeError(f"expected {low} seconds, got {text!r}")
+        return value
+
+    return convert
+
+
 def _usage_error(msg: str) -> int:
     print(f"vfleet-probe: error: {msg}", file=sys.stderr)
     return 2
@@ -340,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Probe a vLLM server tier by tier: live (/health), models (/v1/models "
         "lists the served name), serving (a real 1-token completion), warm (the warmup set "
         "ran against this server process).",
-        epilog="exit: 0 all requested tiers ok, 1 a tier failed, 2 bad usage",
+        epilog="exit: 0 all requested tiers ok, 1 a tier failed (no answer within --timeout, "
+        "an HTTP error, or an answer that is not what vLLM sends, e.g. HTML from a proxy), "
+        "2 bad usage",
     )
     ap.add_argument("--config", help="probe.json rendered next to the instance's vLLM config")
     ap.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
@@ -359,19 +431,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--wait",
-        type=float,
+        type=_seconds(zero=True),
         default=0,
         metavar="SECONDS",
-        help="retry until the tiers pass or SECONDS have passed",
+        help="retry until the tiers pass or SECONDS have passed; a request still running then "
+        "is cut (the warmup that follows a pass is not: each of its requests has --timeout)",
     )
-    ap.add_argument("--interval", type=float, default=2.0, help="seconds between retries")
+    ap.add_argument(
+        "--interval", type=_seconds(zero=True), default=2.0, help="seconds between retries"
+    )
     ap.add_argument(
         "--pid",
         type=int,
         help="stop waiting as soon as this process (the server) exits: systemd's $MAINPID in "
         "ExecStartPost, so a crash at start fails the start at once, not at the timeout",
     )
-    ap.add_argument("--timeout", type=float, help="per-request timeout in seconds")
+    ap.add_argument(
+        "--timeout",
+        type=_seconds(zero=False),
+        help="seconds for each request as a whole (connect and the whole answer), however "
+        "slowly the server sends it (default: serving_timeout_s from --config, else 60; "
+        "/health gets at most 5 s, /v1/models 10 s)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument(
         "--prereqs",
@@ -383,14 +464,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.prereqs:
         if not a.config:
             return _usage_error("--prereqs needs --config probe.json")
-        checks = check_prereqs(json.loads(Path(a.config).read_text(encoding="utf-8")))
+        try:
+            conf = json.loads(Path(a.config).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return _usage_error(f"{a.config}: {exc}")
+        if not isinstance(conf, dict):
+            return _usage_error(f"{a.config}: expected a JSON object")
+        checks = check_prereqs(conf)
         for ok, detail in checks:
             print(f"{'ok' if ok else 'FAIL':<5} {detail}", file=sys.stdout if ok else sys.stderr)
         return 0 if all(ok for ok, _ in checks) else 1
     t = load_target(a)
     upto = "warm" if a.warmup else a.tier
     deadline = time.monotonic() + a.wait
+    if a.wait > 0:
+        t.until = deadline
     attempt = 0
+    previous: dict[str, TierResult] | None = None
     while True:
         attempt += 1
         results = probe(t, "serving" if a.warmup else upto)
@@ -398,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
             all(r.ok for r in results.values())
             and len(results) == TIERS.index("serving" if a.warmup else upto) + 1
         )
+        if previous is not None and any(r.cut for r in results.values()):
+            results = previous  # the end of --wait cut this attempt: report the server's answer
+        previous = results
         if ok and a.warmup:
+            t.until = math.inf  # the server serves: the warmup is not waiting
             try:
                 run_warmup(t, progress=not a.json)
             except ProbeError as exc:
@@ -417,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             failed = next((f"{k}: {r.detail}" for k, r in results.items() if not r.ok), "")
             print(f"waiting for {t.url} ({attempt}, {failed})", file=sys.stderr)
         time.sleep(min(a.interval, max(0.0, deadline - time.monotonic())))
+        if time.monotonic() >= deadline:
+            break  # an attempt now would be cut at once: report the last one
     report = {
         "ok": ok,
         "url": t.url,

@@ -9,8 +9,10 @@ than the oldest entry are refused: they expose V0 names (`vllm:time_per_output_t
 `vllm:gpu_cache_usage_perc`) that nothing here was checked against.
 
 The parser reads only the families it is asked for and skips everything else line by line, so
-a 50 KB exposition costs a few milliseconds. It never raises on bad input: a malformed line
-marks its family as bad for this scrape (the caller logs it and skips the family).
+a 50 KB exposition costs a few milliseconds. It never raises on bad input: a malformed line, a
+NaN or infinite sample, a negative counter, a gauge outside its range (``RANGES``) or a series
+repeated in one body marks its family as bad for this scrape (``Parsed.rejected`` says why;
+the caller counts and logs it and skips the family), so no such value reaches a figure.
 """
 
 from __future__ import annotations
@@ -124,14 +126,24 @@ def _labels(text: str) -> dict[str, str] | None:
 
 
 def _value(text: str) -> float | None:
+    """The sample's value (NaN and infinities included: the caller judges them); None if the
+    text after the labels is not a number and an optional timestamp."""
     parts = text.split()
     if not parts or len(parts) > 2:
         return None
     try:
-        v = float(parts[0])
+        return float(parts[0])
     except ValueError:
         return None
-    return None if math.isnan(v) else v
+
+
+# Gauges that have a range: a value outside it is a broken upstream, not a reading.
+RANGES: dict[str, tuple[float, float]] = {
+    "kv_cache_usage": (0.0, 1.0),
+    "requests_running": (0.0, math.inf),
+    "requests_waiting": (0.0, math.inf),
+    "process_start_time": (0.0, math.inf),
+}
 
 
 @dataclass
@@ -140,11 +152,32 @@ class Parsed:
 
     ``values`` keys: a counter or gauge's logical name (``spec_accepted_per_pos/2`` when kept
     apart by a label); a histogram's ``<name>/count``, ``<name>/sum``, ``<name>/le/<bound>``.
+    ``series`` holds the counters' and histograms' samples before summing, by (key, label set):
+    a counter that goes back is a reset of that series only, as in Prometheus' ``rate()``.
     """
 
     values: dict[str, float] = field(default_factory=dict)
     bad: dict[str, str] = field(default_factory=dict)  # logical name -> why it was skipped
+    # logical name -> reason word for each family skipped this scrape: nan, inf, negative,
+    # out_of_range, duplicate, malformed, incomplete
+    rejected: dict[str, str] = field(default_factory=dict)
+    series: dict[tuple[str, str], float] = field(default_factory=dict)
     samples: int = 0  # lines that parsed as samples of any family (a garbage check)
+
+
+def _judge(fam: Family, logical: str, value: float) -> str | None:
+    """Why ``value`` cannot be a sample of ``fam`` (a reason word), or None."""
+    if math.isnan(value):
+        return "nan"
+    if fam.kind == "gauge":
+        low, high = RANGES.get(logical, (-math.inf, math.inf))
+        if not low <= value <= high:
+            return "out_of_range"
+    if math.isinf(value):
+        return "inf"
+    if fam.kind != "gauge" and value < 0:
+        return "negative"  # counters, histogram buckets, counts and (latency) sums
+    return None
 
 
 def parse(text: str, table: dict[str, Family]) -> Parsed:
@@ -157,6 +190,12 @@ def parse(text: str, table: dict[str, Family]) -> Parsed:
         else:
             wanted[fam.name] = (logical, "")
     out = Parsed()
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+
+    def reject(logical: str, reason: str, why: str) -> None:
+        out.bad[logical] = why
+        out.rejected[logical] = reason
+
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line[0] == "#":
@@ -167,8 +206,8 @@ def parse(text: str, table: dict[str, Family]) -> Parsed:
             name = line[:brace]
             close = line.rfind("}")
             if close < brace:
-                if name in wanted:
-                    out.bad.setdefault(wanted[name][0], f"malformed line: {line[:80]!r}")
+                if name in wanted and wanted[name][0] not in out.bad:
+                    reject(wanted[name][0], "malformed", f"malformed line: {line[:80]!r}")
                 continue
             label_text, rest = line[brace + 1 : close], line[close + 1 :]
         else:
@@ -176,7 +215,7 @@ def parse(text: str, table: dict[str, Family]) -> Parsed:
                 continue
             name, label_text, rest = line[:space], "", line[space:]
         value = _value(rest)
-        if value is not None:
+        if value is not None and math.isfinite(value):
             out.samples += 1
         hit = wanted.get(name)
         if hit is None:
@@ -186,14 +225,23 @@ def parse(text: str, table: dict[str, Family]) -> Parsed:
             continue
         labels = _labels(label_text) if label_text else {}
         if labels is None or value is None:
-            out.bad[logical] = f"malformed line: {line[:80]!r}"
+            reject(logical, "malformed", f"malformed line: {line[:80]!r}")
             continue
         fam = table[logical]
+        identity = (name, tuple(sorted(labels.items())))
+        if identity in seen:
+            reject(logical, "duplicate", f"series repeated in one scrape: {line[:80]!r}")
+            continue
+        seen.add(identity)
+        why = _judge(fam, logical, value)
+        if why is not None:
+            reject(logical, why, f"{why} sample: {line[:80]!r}")
+            continue
         key = logical
         if role == "_bucket":
-            le = labels.get("le")
+            le = labels.pop("le", None)
             if le is None:
-                out.bad[logical] = f"{name} without an le label"
+                reject(logical, "malformed", f"{name} without an le label")
                 continue
             key = f"{logical}/le/{le}"
         elif role:
@@ -201,7 +249,7 @@ def parse(text: str, table: dict[str, Family]) -> Parsed:
         elif fam.by is not None:
             part = labels.get(fam.by)
             if part is None:
-                out.bad[logical] = f"{name} without a {fam.by} label"
+                reject(logical, "malformed", f"{name} without a {fam.by} label")
                 continue
             key = f"{logical}/{part}"
         if fam.kind == "gauge" and logical in ("kv_cache_usage", "process_start_time"):
@@ -209,7 +257,18 @@ def parse(text: str, table: dict[str, Family]) -> Parsed:
             out.values[key] = max(out.values.get(key, -math.inf), value)
         else:
             out.values[key] = out.values.get(key, 0.0) + value
+        if fam.kind != "gauge":
+            out.series[(key, ",".join(f"{k}={v}" for k, v in sorted(labels.items())))] = value
+    for logical, fam in table.items():
+        # A histogram cut inside its family (a body cut at a line, or a broken exporter).
+        if fam.kind == "histogram" and logical not in out.bad:
+            parts = [k for k in out.values if k.startswith(logical + "/")]
+            need = {f"{logical}/le/+Inf", f"{logical}/count", f"{logical}/sum"}
+            if parts and not need <= set(parts):
+                reject(logical, "incomplete", f"{fam.name} lacks its +Inf bucket, count or sum")
     for logical in out.bad:
         for key in [k for k in out.values if k == logical or k.startswith(logical + "/")]:
             del out.values[key]
+        for s in [s for s in out.series if s[0] == logical or s[0].startswith(logical + "/")]:
+            del out.series[s]
     return out

@@ -1,11 +1,14 @@
 """A sliding window of vLLM samples and the figures derived from it.
 
 Each sample holds vLLM's cumulative counters as they were at one scrape. A figure is the delta
-between the oldest and the newest sample in the window, divided by the elapsed time or by
-another delta. Counters that went back (vLLM restarted) are continued the way Prometheus'
-`rate()` does: the value before the reset is added to everything after it, so no figure goes
-negative or jumps. A restart is also recognised by `process_start_time_seconds` changing,
-which catches a restarted server whose counters already passed their old values.
+between the oldest sample in the window that holds its series and the newest, divided by the
+time between them or by another delta over the same span (a family skipped at one scrape, e.g.
+for an infinite sample, leaves no hole in the figures). Counters are continued series by
+series the way Prometheus' `rate()` does: a series that went back was reset, and the value it
+had before is added to everything after it, so no figure goes negative; the other series are
+untouched (one broken counter does not move every figure). A restart of vLLM is a changed
+`process_start_time_seconds`: then every series was reset, including one whose new value
+already passed its old one.
 """
 
 from __future__ import annotations
@@ -67,8 +70,10 @@ class Window:
         self.table = table
         self.samples: deque[Sample] = deque()
         self.restarts = 0
-        self._offset: dict[str, float] = {}
-        self._last_raw: dict[str, float] = {}
+        # per series (key, label set): the sum of values before its resets; its last value
+        self._offset: dict[tuple[str, str], float] = {}
+        self._last_raw: dict[tuple[str, str], float] = {}
+        self.last_resets: list[str] = []
         self._start_time: float | None = None
 
     def _cumulative(self, key: str) -> bool:
@@ -77,23 +82,36 @@ class Window:
         return fam is not None and fam.kind in ("counter", "histogram")
 
     def add(self, t: float, parsed: Parsed) -> bool:
-        """Add a scrape taken at monotonic time ``t``. Returns True if vLLM restarted."""
+        """Add a scrape taken at monotonic time ``t``. Returns True if vLLM restarted.
+
+        ``last_resets`` then names the keys with a series that went back without a restart.
+        """
         raw = parsed.values
         start = raw.get("process_start_time")
         restarted = start is not None and self._start_time is not None and start != self._start_time
-        counters = {k: v for k, v in raw.items() if self._cumulative(k)}
-        if not restarted:
-            restarted = any(v < self._last_raw.get(k, -math.inf) for k, v in counters.items())
         if restarted:
             self.restarts += 1
-            for key, before in self._last_raw.items():
-                self._offset[key] = self._offset.get(key, 0.0) + before
+            for s, before in self._last_raw.items():
+                self._offset[s] = self._offset.get(s, 0.0) + before
+            self._last_raw = {}  # a series the new process lacks starts again from nothing
         if start is not None:
             self._start_time = start
-        # Keep the last raw value of counters this scrape did not have (a skipped family).
-        self._last_raw = {**({} if restarted else self._last_raw), **counters}
-        values = {k: v + self._offset.get(k, 0.0) if k in counters else v for k, v in raw.items()}
-        self.samples.append(Sample(t, values))
+        series = dict(parsed.series)
+        have = {s[0] for s in series}
+        for key, value in raw.items():  # a Parsed built by hand: each counter is one series
+            if self._cumulative(key) and key not in have:
+                series[(key, "")] = value
+        self.last_resets = []
+        continued: dict[str, float] = {}
+        for s, v in series.items():
+            last = self._last_raw.get(s)
+            if last is not None and v < last:
+                self._offset[s] = self._offset.get(s, 0.0) + last
+                self.last_resets.append(s[0])
+            # Series this scrape lacks (a skipped family) keep their last value.
+            self._last_raw[s] = v
+            continued[s[0]] = continued.get(s[0], 0.0) + v + self._offset.get(s, 0.0)
+        self.samples.append(Sample(t, {**raw, **continued}))
         while self.samples and self.samples[0].t < t - self.seconds:
             self.samples.popleft()
         return restarted
@@ -115,53 +133,60 @@ class Window:
                 out.scalars[name] = new.values[key]
         if len(self.samples) < 2:
             return out
-        old = self.samples[0]
-        dt = new.t - old.t
+        dt = new.t - self.samples[0].t
         if dt <= 0:
             return out
         out.window_seconds = dt
 
-        def delta(key: str) -> float | None:
-            if key in new.values and key in old.values:
-                return max(0.0, new.values[key] - old.values[key])
+        def deltas(*keys: str) -> tuple[list[float], float] | None:
+            """The keys' deltas from the oldest sample holding them all to the newest, and the
+            time between: a family skipped at one scrape leaves a gap that the samples around
+            it bridge, even once the gap is the oldest sample of the window."""
+            if not all(k in new.values for k in keys):
+                return None
+            for old in self.samples:
+                if old is new or old.t >= new.t:
+                    return None
+                if all(k in old.values for k in keys):
+                    return [max(0.0, new.values[k] - old.values[k]) for k in keys], new.t - old.t
             return None
 
-        def put(name: str, num: float | None, den: float | None, plus: float = 0.0) -> None:
-            if num is not None and den is not None and den > 0:
-                out.scalars[name] = plus + num / den
+        def rate(name: str, key: str) -> None:
+            got = deltas(key)
+            if got is not None:
+                out.scalars[name] = got[0][0] / got[1]
 
-        gen = delta("generation_tokens")
-        steps = delta("iteration_tokens/count")
-        drafts = delta("spec_drafts")
-        draft_tokens = delta("spec_draft_tokens")
-        accepted = delta("spec_accepted_tokens")
-        put("decode_tokens_per_second", gen, dt)
-        put("prefill_tokens_per_second", delta("prompt_tokens"), dt)
-        put("steps_per_second", steps, dt)
-        put("tokens_per_step", gen, steps)
-        put("spec_decode_drafts_per_second", drafts, dt)
-        put("spec_decode_draft_tokens_per_second", draft_tokens, dt)
-        put("spec_decode_accepted_tokens_per_second", accepted, dt)
-        put("spec_decode_acceptance_rate", accepted, draft_tokens)
-        put("spec_decode_mean_acceptance_length", accepted, drafts, plus=1.0)
-        first_tokens = delta("ttft/count")
-        if gen is not None and first_tokens is not None:
-            put("stream_decode_tokens_per_second", max(0.0, gen - first_tokens), delta("itl/sum"))
-        if drafts:
-            prefix = "spec_accepted_per_pos/"
-            for key in new.values:
-                if key.startswith(prefix):
-                    d = delta(key)
-                    if d is not None:
-                        out.positions[key[len(prefix) :]] = d / drafts
+        def ratio(name: str, num: str, den: str, plus: float = 0.0) -> None:
+            got = deltas(num, den)
+            if got is not None and got[0][1] > 0:
+                out.scalars[name] = plus + got[0][0] / got[0][1]
+
+        rate("decode_tokens_per_second", "generation_tokens")
+        rate("prefill_tokens_per_second", "prompt_tokens")
+        rate("steps_per_second", "iteration_tokens/count")
+        rate("spec_decode_drafts_per_second", "spec_drafts")
+        rate("spec_decode_draft_tokens_per_second", "spec_draft_tokens")
+        rate("spec_decode_accepted_tokens_per_second", "spec_accepted_tokens")
+        ratio("tokens_per_step", "generation_tokens", "iteration_tokens/count")
+        ratio("spec_decode_acceptance_rate", "spec_accepted_tokens", "spec_draft_tokens")
+        ratio("spec_decode_mean_acceptance_length", "spec_accepted_tokens", "spec_drafts", 1.0)
+        stream = deltas("generation_tokens", "ttft/count", "itl/sum")
+        if stream is not None and stream[0][2] > 0:
+            gen, first_tokens, itl = stream[0]
+            out.scalars["stream_decode_tokens_per_second"] = max(0.0, gen - first_tokens) / itl
+        prefix = "spec_accepted_per_pos/"
+        for key in new.values:
+            if key.startswith(prefix):
+                got = deltas(key, "spec_drafts")
+                if got is not None and got[0][1] > 0:
+                    out.positions[key[len(prefix) :]] = got[0][0] / got[0][1]
         for hist in ("ttft", "itl"):
             prefix = f"{hist}/le/"
-            buckets: dict[float, float] = {}
-            for key in new.values:
-                if key.startswith(prefix):
-                    d = delta(key)
-                    if d is not None:
-                        buckets[float(key[len(prefix) :])] = d
+            keys = [k for k in new.values if k.startswith(prefix)]
+            got = deltas(*keys) if keys else None
+            if got is None:
+                continue
+            buckets = {float(k[len(prefix) :]): d for k, d in zip(keys, got[0], strict=True)}
             qs = {q: v for q in QUANTILES if (v := histogram_quantile(q, buckets)) is not None}
             if qs:
                 out.quantiles[hist] = qs

@@ -64,7 +64,8 @@ the table has one column per target and one row per figure; `-` means the figure
 computed from this interval (no traffic, no speculative decoding), JSON null:
   url                       vLLM base URL read
   state                     up, or down and why: connect (refused / unreachable), timeout,
-                            http_<code>, truncated, parse (no vLLM metrics in the answer),
+                            http_<code>, truncated, too_large, protocol (not HTTP),
+                            parse (no vLLM metrics in the answer),
                             unsupported_version (older than the metric-name table)
   model                     served model name (from sidecar.json, else vLLM's /v1/models)
   vLLM                      vLLM version (vLLM's /version, else sidecar.json); selects the
@@ -287,13 +288,6 @@ def _models(url: str, timeout: float) -> str | None:
     return ", ".join(ids) or None
 
 
-def _whole_lines(text: str) -> str:
-    # As the exporter does: a body cut at a line may end inside a number.
-    if text.endswith("\n"):
-        return text
-    return text.rsplit("\n", 1)[0] if "\n" in text else ""
-
-
 def read(target: Target, interval: float, timeout: float) -> Reading:
     """Read one target twice, ``interval`` seconds apart. Never raises."""
     r = Reading(target, model_name=target.labels.get("model_name"))
@@ -325,7 +319,11 @@ def read(target: Target, interval: float, timeout: float) -> Reading:
     # Both samples count, however long the reads took.
     window = Window(math.inf, table)
     for t, text in ((t1, first), (t2, second)):
-        parsed = parse(_whole_lines(text), table)
+        if not text.endswith("\n"):
+            # As the exporter does: a body cut inside a line is not used at all.
+            r.reason, r.error = "truncated", f"{metrics} ended inside a line"
+            return r
+        parsed = parse(text, table)
         if not parsed.values:
             r.reason, r.error = "parse", f"{metrics} returned no vLLM metrics"
             return r

@@ -657,6 +657,10 @@ def serve_one(host: Host, cfg: LaneConfig, logdir: Path, timeout: float) -> dict
         if "bench" in cfg.roles:
             rec["bench"] = run_bench(host, logdir / "bench")
         rec["alive_at_end"] = proc.poll() is None and http("/health", timeout=5)[0] == 200
+    except (SystemExit, KeyboardInterrupt):
+        # `timeout` (SIGTERM) or Ctrl-C: keep what was measured, stop the server, stop the run.
+        rec["error"] = "interrupted"
+        rec["interrupted"] = True
     finally:
         stop(proc)
         (host.base / "lane.pid").unlink(missing_ok=True)
@@ -797,6 +801,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             flush=True,
         )
         (out / "lane.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+        if rec.get("interrupted"):
+            break
     result["greedy_identity"] = greedy_identity(result["configs"])
     result["seconds"] = round(time.monotonic() - t_all, 1)
     (out / "lane.json").write_text(json.dumps(result, indent=1), encoding="utf-8")

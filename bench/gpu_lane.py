@@ -401,6 +401,8 @@ class Host:
     model_dir: Path
     profile: str
     model: str
+    # --set: added to every configuration (e.g. extra_args.gdn-prefill-backend=triton)
+    sets: tuple[str, ...] = ()
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -422,7 +424,7 @@ def render(host: Host, cfg: LaneConfig) -> Path:
     launch = resolve(
         host.profile,
         host.model,
-        sets=[*BASE_SETS, *cfg.sets],
+        sets=[*BASE_SETS, *host.sets, *cfg.sets],
         host=HostVars(base_dir=str(host.base), cuda_home=host.cuda_home),
     )
     inst = host.base / "instances" / "main"
@@ -510,7 +512,7 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=45)
+        proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=15)
@@ -627,7 +629,7 @@ def serve_one(host: Host, cfg: LaneConfig, logdir: Path, timeout: float) -> dict
     log = logdir / f"{cfg.name}.log"
     rec: dict[str, Any] = {
         "name": cfg.name,
-        "sets": [*BASE_SETS, *cfg.sets],
+        "sets": [*BASE_SETS, *host.sets, *cfg.sets],
         "why": cfg.why,
         "vllm_yaml": (rel / "vllm.yaml").read_text(encoding="utf-8"),
     }
@@ -744,7 +746,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         str(Path(nvcc).resolve().parent.parent) if nvcc else "/usr/local/cuda"
     )
     model_dir = Path(a.model_dir) if a.model_dir else base / "build" / a.model
-    host = Host(base, a.python, a.pythonpath or "", cuda_home, model_dir, a.profile, a.model)
+    host = Host(
+        base, a.python, a.pythonpath or "", cuda_home, model_dir, a.profile, a.model, tuple(a.sets)
+    )
     if not (model_dir / "config.json").exists():
         # The generated test models are built here from the preset (no downloads).
         sys.path[:0] = [str(REPO / "src")]
@@ -831,19 +835,40 @@ class TermRow:
         return 100.0 * (self.planner - self.vllm) / self.vllm
 
 
-def planner_rows(rec: dict[str, Any], profile: str, model: str) -> list[TermRow]:
+def planner_rows(
+    rec: dict[str, Any], profile: str, model: str, total_bytes: int | None = None
+) -> list[TermRow]:
     """vfleet's planner for the configuration beside the terms vLLM logged."""
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.compile import resolve
     from vfleet.planner import plan_launch
 
-    plan = plan_launch(resolve(profile, model, sets=list(rec["sets"]), strict_memory=False))
+    launch = resolve(profile, model, sets=list(rec["sets"]), strict_memory=False)
+    plan = plan_launch(launch)
     t = rec.get("log_terms", {})
     gpu = plan.gpu
+    # vLLM: available KV = requested - (weights + activation peak + non-torch) - CUDA graph
+    # estimate, so everything in the budget but weights and KV is requested - available -
+    # weights. Requested is logged at DEBUG; else util x the total memory torch reports.
+    requested = t.get("requested_gib")
+    util = launch.config_values().get("gpu-memory-utilization")
+    if requested is None and total_bytes and util:
+        requested = float(util) * total_bytes / GIB
     logged_reserve = None
-    if t.get("non_kv_gib") is not None and t.get("weights_gib") is not None:
-        logged_reserve = t["non_kv_gib"] - t["weights_gib"] + (t.get("cudagraph_estimate_gib") or 0)
+    if requested is not None and t.get("available_kv_gib") is not None and t.get("weights_gib"):
+        logged_reserve = requested - t["available_kv_gib"] - t["weights_gib"]
+    info = rec.get("cache_info", {})
+    blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks") else None
+    # The page math alone: vLLM's own block count through the planner's blocks per request.
+    from_blocks = int(blocks / plan.kv.blocks_per_request * plan.max_model_len) if blocks else None
     return [
+        TermRow(
+            rec["name"],
+            "block size (tokens)",
+            plan.kv.block_size,
+            float(info["block_size"]) if info.get("block_size") else None,
+        ),
+        TermRow(rec["name"], "KV tokens from vLLM's block count", from_blocks, t.get("kv_tokens")),
         TermRow(rec["name"], "KV tokens", plan.kv.kv_cache_tokens, t.get("kv_tokens")),
         TermRow(
             rec["name"],
@@ -874,7 +899,8 @@ def report_md(result: dict[str, Any]) -> str:
     for rec in result["configs"]:
         if "log_terms" not in rec or rec["log_terms"].get("kv_tokens") is None:
             continue
-        for row in planner_rows(rec, result["profile"], result["model"]):
+        total = result.get("machine", {}).get("total_memory")
+        for row in planner_rows(rec, result["profile"], result["model"], total):
             err = row.error_pct
             lines.append(
                 f"| {row.config} | {row.term} | {_fmt(row.planner)} | {_fmt(row.vllm)} | "
@@ -915,6 +941,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--pythonpath", help="prepended to PYTHONPATH for vLLM (a --target install)")
     r.add_argument("--model-dir", help="a built model (default: build it into the base folder)")
     r.add_argument("--cuda-home", help="CUDA toolkit for JIT (default: from nvcc on PATH)")
+    r.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a vfleet setting added to every configuration (repeatable)",
+    )
     r.add_argument("--start-timeout", type=float, default=900, help="seconds to /health")
     r.add_argument("--budget-s", type=float, default=0, help="skip configs after this long")
     r.set_defaults(fn=cmd_run)

@@ -181,16 +181,25 @@ def test_report_puts_the_planner_beside_the_logged_terms() -> None:
             "kv_tokens": 191_166_691,
             "available_kv_gib": 127.52,
             "weights_gib": 0.02,
-            "non_kv_gib": 1.21,
-            "cudagraph_estimate_gib": 0.07,
+            "requested_gib": 128.62,
         },
+        "cache_info": {"num_gpu_blocks": "1677726", "block_size": "160"},
     }
     rows = lane.planner_rows(rec, "h200-141g", "tiny-hybrid-mtp")
     terms = {r.term: r for r in rows}
     assert terms["KV tokens"].vllm == 191_166_691 and terms["KV tokens"].planner > 0
-    assert terms["non-KV in budget (reserve) GiB"].vllm == pytest.approx(1.26)
+    # requested - available - weights
+    assert terms["non-KV in budget (reserve) GiB"].vllm == pytest.approx(1.08)
+    # the page math on vLLM's own block count (the H200 main configuration's figures)
+    assert terms["KV tokens from vLLM's block count"].planner == 190_887_936
+    assert terms["block size (tokens)"].error_pct == 0
+    # without the DEBUG line, requested memory is util x the total torch reported
+    del rec["log_terms"]["requested_gib"]  # type: ignore[attr-defined]
+    rows = lane.planner_rows(rec, "h200-141g", "tiny-hybrid-mtp", 150_109_880_320)
+    reserve = {r.term: r for r in rows}["non-KV in budget (reserve) GiB"].vllm
+    assert reserve == pytest.approx(0.92 * 150_109_880_320 / 2**30 - 127.52 - 0.02)
     md = lane.report_md({"profile": "h200-141g", "model": "tiny-hybrid-mtp", "configs": [rec]})
-    assert md.count("| main |") == 4 and "%" in md
+    assert md.count("| main |") == 6 and "%" in md
 
 
 def test_run_needs_no_gpu_to_explain_itself(capsys: pytest.CaptureFixture[str]) -> None:

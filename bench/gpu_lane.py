@@ -186,7 +186,11 @@ def parse_log(text: str) -> LogTerms:
             continue
         raw = m.group(_LOG_GROUP.get(key, 1)).replace(",", "")
         setattr(out, key, int(raw) if key == "kv_tokens" else float(raw))
-    out.attention_backends = sorted(set(re.findall(r"Using (\w+) attention backend", text)))
+    # "Using FLASHINFER attention backend ..." or (0.24.0) "Using AttentionBackendEnum.X backend."
+    out.attention_backends = sorted(
+        set(re.findall(r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend", text))
+        - {"TRITON"}  # "Using TRITON Unquantized MoE backend" is the MoE's
+    )
     out.errors = [ln.strip()[:300] for ln in text.splitlines() if _ERROR_LINE.search(ln)][:20]
     return out
 

@@ -217,6 +217,7 @@ def test_results_of_the_h200_run_parse() -> None:
     for log in logs:
         terms = lane.parse_log(log.read_text(encoding="utf-8", errors="replace"))
         assert terms.kv_tokens is not None, log.name
+        assert terms.attention_backends == ["FLASHINFER"], log.name
 
 
 def test_lane_paths_are_inside_the_repo() -> None:

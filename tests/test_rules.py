@@ -62,6 +62,7 @@ def test_mtp_depth_three_below_four_sm75_gpus_four_at_four() -> None:
     assert vals("4x2080ti-22g", "qwen3.6-27b-awq-int4")["speculative-config"] == {
         "method": "mtp",
         "num_speculative_tokens": 4,
+        "attention_backend": "FLASHINFER",
     }
     assert (
         vals("a100-32g", "qwen3.8-27b-awq-mtp")["speculative-config"]["num_speculative_tokens"] == 3
@@ -70,6 +71,27 @@ def test_mtp_depth_three_below_four_sm75_gpus_four_at_four() -> None:
         "a100-32g", "qwen3.8-27b-awq-mtp", sets=["speculative.num_speculative_tokens=4"]
     )
     assert any(n.level == "warn" and "MTP 4" in n.message for n in launch.notes)
+
+
+def test_mtp_draft_takes_the_targets_attention_backend() -> None:
+    # Without it vLLM 0.24.0 picked FLASH_ATTN (FA3) for the draft beside a FLASHINFER target on
+    # the H200, which refuses fp8 KV with fp16 and killed the engine at the first request.
+    for profile, model, sets in [
+        ("h200-141g", "tiny-hybrid-mtp", ["max_model_len=4096"]),
+        ("h200-141g", "tiny-hybrid-mtp", ["max_model_len=4096", "kv_cache_dtype=auto"]),
+        ("a100-32g", "qwen3.8-27b-awq-mtp", []),
+        ("2x2080ti-22g", "qwen3.6-27b-fp8", ["stack=vllm-0.24.0"]),
+    ]:
+        v = vals(profile, model, *sets)
+        assert v["speculative-config"]["attention_backend"] == v["attention-backend"], profile
+    h200 = vals(
+        "h200-141g", "tiny-hybrid-mtp", "max_model_len=4096", "attention_backend=FLASH_ATTN"
+    )
+    assert h200["speculative-config"]["attention_backend"] == "FLASH_ATTN"
+    # ngram has no draft model; the CPU build names no backend at all
+    ngram = vals("h200-141g", "tiny-hybrid-mtp", "max_model_len=4096", "speculative.method=ngram")
+    assert "attention_backend" not in ngram["speculative-config"]
+    assert "attention_backend" not in vals("cpu", "tiny-hybrid-mtp")["speculative-config"]
 
 
 @pytest.mark.parametrize(("seqs", "k"), [(1, 3), (4, 3), (2, 4), (8, 3)])

@@ -41,6 +41,8 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("4x2080ti-22g", "qwen3.6-27b-fp8", ["speculative.method=none"]),
     ("a100-32g", "qwen3.8-27b-awq-mtp", []),
     ("a100-32g", "qwen3.6-27b-fp8", ["purpose=bench", "max_model_len=32768", "max_num_seqs=2"]),
+    # the GPU lane's main configuration (served by CUDA vLLM 0.24.0 on the H200, docs/GPU.md)
+    ("h200-141g", "tiny-hybrid-mtp", ["max_model_len=4096"]),
 ]
 SEEDS = sorted(p.stem for p in (REPO / "profiles" / "deployments").glob("*.yaml"))
 
@@ -124,7 +126,7 @@ def test_seed_deployments_parse(parsed: dict[str, dict[str, Any]], seed: str) ->
 def test_every_pinned_stack_is_covered() -> None:
     versions = {
         s.vllm
-        for p in ("cpu", "2x2080ti-22g", "4x2080ti-22g", "a100-32g")
+        for p in ("cpu", "2x2080ti-22g", "4x2080ti-22g", "a100-32g", "h200-141g")
         for s in load_profile(p).stacks.values()
     }
     covered = {resolve(p, m, sets=s).stack.vllm for p, m, s in CASES}

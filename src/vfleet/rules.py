@@ -728,9 +728,13 @@ def _spec(c: Ctx) -> None:
     if method == "ngram":
         conf["prompt_lookup_max"] = (spec.prompt_lookup_max if spec else None) or 3
         conf["prompt_lookup_min"] = (spec.prompt_lookup_min if spec else None) or 1
-    if method == "mtp" and c.d.get("backend") == "TRITON_ATTN":
-        conf["attention_backend"] = "TRITON_ATTN"
-        why += "; the draft uses TRITON_ATTN too (the target's backend)"
+    backend = c.d.get("backend")
+    if method == "mtp" and backend is not None:
+        # vLLM picks the draft's backend on its own when none is named: with a FLASHINFER target
+        # on SM90 it took FLASH_ATTN (FA3), which refuses fp8 KV with fp16 output and killed the
+        # engine at the first request (H200 run, docs/GPU.md).
+        conf["attention_backend"] = backend
+        why += f"; the MTP draft uses the target's {backend} (its KV dtype and CUDA graphs)"
     c.d["spec_k"] = k
     c.arg("speculative-config", conf, why)
     seqs = c.d["max_num_seqs"]

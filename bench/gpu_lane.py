@@ -1,0 +1,969 @@
+#!/usr/bin/env python3
+"""GPU lane: vfleet's rendered configurations served by a real CUDA vLLM, and measured.
+
+On any machine with a CUDA GPU and the profile's vLLM importable (docs/GPU.md):
+
+    python bench/gpu_lane.py run --out OUT [--profile h200-141g] [--only main,no-mtp]
+        [--python PY] [--pythonpath DIR] [--model-dir DIR]
+
+For each configuration of the matrix (``MATRIX``: the profile's rendered defaults, then one or
+two settings changed at a time) it renders the release with vfleet (the same vllm.yaml, env
+file and launch.sh a deploy writes) under --base-dir, starts ``launch.sh``, waits for /health,
+then runs what the configuration's roles ask for:
+
+  first-request  TTFT of one streamed chat request right after /health (no warmup ran)
+  probe          ``vfleet-probe --warmup --json``: all four tiers (live, models, serving, warm)
+  greedy         fixed prompts at temperature 0: the texts (compared across configurations:
+                 with and without MTP they must be identical) and the MTP counters' deltas
+  sidecar        ``vfleet-exporter`` against the server: its figures against the same figures
+                 computed by hand from raw /metrics scrapes taken at the same moments
+  bench          ``vfleet bench run`` (decode and context scenarios, short)
+
+and parses vLLM's log for the memory terms (GPU KV cache size, available KV memory, weights,
+CUDA graph estimate and pool, activation peak, non-torch memory) and the start-up times. The
+server is stopped by its process group. One JSON (lane.json), one markdown summary (lane.md)
+and the logs (logs.tar.gz) are written to --out.
+
+Back on any machine with vfleet (no GPU needed):
+
+    python bench/gpu_lane.py report OUT/lane.json [--md FILE]
+
+puts vfleet's planner prediction for each configuration beside what vLLM logged (error per
+term). Only 127.0.0.1 is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_PROFILE = "h200-141g"
+DEFAULT_MODEL = "tiny-hybrid-mtp"
+PORT = 8000
+SIDECAR_PORT = 9500
+GIB = 1 << 30
+
+# --------------------------------------------------------------------------- the matrix
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    """One configuration: --set overrides on top of the profile and model, and what to run."""
+
+    name: str
+    sets: tuple[str, ...]
+    roles: tuple[str, ...]
+    why: str
+    # vLLM logs the activation peak and non-torch memory only at DEBUG.
+    debug_log: bool = True
+
+
+ROLES = ("first-request", "probe", "greedy", "sidecar", "bench")
+# Every configuration of the tiny model keeps within its 4096-token window.
+BASE_SETS = ("max_model_len=4096",)
+MATRIX: tuple[LaneConfig, ...] = (
+    LaneConfig(
+        "main",
+        (),
+        ("first-request", "probe", "greedy", "sidecar"),
+        "the profile's rendered defaults (FLASHINFER, fp8 KV, MTP 3, PIECEWISE graphs, prefix "
+        "caching, chunked prefill, Qwen3 parsers); the first start on a fresh host is cold",
+        debug_log=False,
+    ),
+    LaneConfig("no-mtp", ("speculative.method=none",), ("greedy",), "greedy reference, MTP off"),
+    LaneConfig("kv-auto", ("kv_cache_dtype=auto",), ("greedy",), "bf16 KV instead of fp8"),
+    LaneConfig("fp16", ("dtype=half",), ("greedy",), "fp16 compute (as SM75 renders) with fp8 KV"),
+    LaneConfig(
+        "no-prefix-caching",
+        ("prefix_caching=false",),
+        ("greedy",),
+        "prefix caching (and the Mamba align mode it implies) off, as on the CPU build with MTP",
+    ),
+    LaneConfig(
+        "main-restart",
+        (),
+        ("first-request", "greedy", "bench"),
+        "main again: the caches of the earlier starts are warm",
+        debug_log=False,
+    ),
+    LaneConfig(
+        "util-0.5-seqs-16",
+        ("gpu_memory_utilization=0.5", "max_num_seqs=16"),
+        ("greedy",),
+        "half the memory share, 16 sequences (capture sizes up to 64)",
+    ),
+    LaneConfig(
+        "k1-mnbt-2048",
+        ("speculative.num_speculative_tokens=1", "max_num_batched_tokens=2048"),
+        ("greedy",),
+        "MTP 1 and a 2048-token batch (capture sizes 2..8)",
+    ),
+)
+
+
+def select(names: str | None) -> list[LaneConfig]:
+    if not names:
+        return list(MATRIX)
+    by = {c.name: c for c in MATRIX}
+    unknown = [n for n in names.split(",") if n not in by]
+    if unknown:
+        raise SystemExit(f"error: --only: unknown configuration(s) {unknown}; known: {list(by)}")
+    return [by[n] for n in names.split(",")]
+
+
+# --------------------------------------------------------------------------- vLLM's log
+
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_LOG_PATTERNS: dict[str, str] = {
+    "kv_tokens": rf"GPU KV cache size: {_NUM} tokens",
+    "available_kv_gib": rf"Available KV cache memory: {_NUM} GiB",
+    "weights_gib": rf"Model loading took {_NUM} GiB memory",
+    "load_s": rf"Model loading took {_NUM} GiB memory and {_NUM} seconds",
+    "cudagraph_estimate_gib": rf"Estimated CUDA graph memory: {_NUM} GiB total",
+    "graph_capture_s": rf"Graph capturing finished in {_NUM} secs",
+    "graph_pool_gib": rf"Graph capturing finished in {_NUM} secs, took {_NUM} GiB",
+    "torch_peak_gib": rf"torch peak memory increase: {_NUM} ?GiB",
+    "non_torch_gib": rf"non-torch forward increase memory: {_NUM} ?GiB",
+    "non_kv_gib": rf"Total non KV cache memory: {_NUM} ?GiB",
+    "requested_gib": rf"Requested memory: {_NUM} \(util\), {_NUM} GiB",
+    "initial_free_gib": rf"Initial free memory: {_NUM} GiB",
+    "init_engine_s": rf"init engine \(profile, create kv cache, warmup model\) took {_NUM} s",
+    "compile_s": rf"torch\.compile took {_NUM} s in total",
+    "max_concurrency": rf"Maximum concurrency for {_NUM} tokens per request: {_NUM}x",
+}
+# Which capture group holds the figure when a pattern has several.
+_LOG_GROUP = {"load_s": 2, "graph_pool_gib": 2, "requested_gib": 2, "max_concurrency": 2}
+_ERROR_LINE = re.compile(r"Traceback|Error|ERROR|CUDA out of memory|EngineCore.*died")
+
+
+@dataclass
+class LogTerms:
+    """The figures vLLM logged at start-up (GiB as vLLM rounds them: 2 decimals)."""
+
+    kv_tokens: int | None = None
+    available_kv_gib: float | None = None
+    weights_gib: float | None = None
+    load_s: float | None = None
+    cudagraph_estimate_gib: float | None = None
+    graph_capture_s: float | None = None
+    graph_pool_gib: float | None = None
+    torch_peak_gib: float | None = None
+    non_torch_gib: float | None = None
+    non_kv_gib: float | None = None
+    requested_gib: float | None = None
+    initial_free_gib: float | None = None
+    init_engine_s: float | None = None
+    compile_s: float | None = None
+    max_concurrency: float | None = None
+    attention_backends: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def parse_log(text: str) -> LogTerms:
+    """The first occurrence of each figure (the target model's; a draft logs after it)."""
+    out = LogTerms()
+    for key, pattern in _LOG_PATTERNS.items():
+        m = re.search(pattern, text)
+        if not m:
+            continue
+        raw = m.group(_LOG_GROUP.get(key, 1)).replace(",", "")
+        setattr(out, key, int(raw) if key == "kv_tokens" else float(raw))
+    # "Using FLASHINFER attention backend ..." or (0.24.0) "Using AttentionBackendEnum.X backend."
+    out.attention_backends = sorted(
+        set(re.findall(r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend", text))
+        - {"TRITON"}  # "Using TRITON Unquantized MoE backend" is the MoE's
+    )
+    out.errors = [ln.strip()[:300] for ln in text.splitlines() if _ERROR_LINE.search(ln)][:20]
+    return out
+
+
+# --------------------------------------------------------------------------- /metrics
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def counter_sums(text: str) -> dict[str, float]:
+    """Raw Prometheus text -> name (with the `position` label kept) -> value summed over the
+    other labels. Deliberately not the sidecar's parser: the sidecar is checked against it."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or line.startswith("#"):
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+        pos = re.search(r'position="(\d+)"', labels)
+        key = f"{name}/{pos.group(1)}" if pos else name
+        try:
+            out[key] = out.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+@dataclass
+class SpecDelta:
+    """MTP and decode figures from the counter deltas between two scrapes."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    generation_tokens: float
+    steps: float
+    seconds: float
+    acceptance: float | None
+    mean_acceptance_length: float | None
+    per_position: dict[str, float]
+    decode_tokens_per_s: float | None
+    tokens_per_step: float | None
+
+
+def spec_delta(before: dict[str, float], after: dict[str, float], seconds: float) -> SpecDelta:
+    def d(key: str) -> float:
+        return max(0.0, after.get(key, 0.0) - before.get(key, 0.0))
+
+    drafts = d("vllm:spec_decode_num_drafts_total")
+    tokens = d("vllm:spec_decode_num_draft_tokens_total")
+    accepted = d("vllm:spec_decode_num_accepted_tokens_total")
+    gen = d("vllm:generation_tokens_total")
+    steps = d("vllm:iteration_tokens_total_count")
+    prefix = "vllm:spec_decode_num_accepted_tokens_per_pos_total/"
+    per_pos = {
+        k[len(prefix) :]: d(k) / drafts for k in sorted(after) if k.startswith(prefix) and drafts
+    }
+    return SpecDelta(
+        drafts=drafts,
+        draft_tokens=tokens,
+        accepted=accepted,
+        generation_tokens=gen,
+        steps=steps,
+        seconds=round(seconds, 3),
+        acceptance=accepted / tokens if tokens else None,
+        mean_acceptance_length=1 + accepted / drafts if drafts else None,
+        per_position=per_pos,
+        decode_tokens_per_s=gen / seconds if seconds > 0 else None,
+        tokens_per_step=gen / steps if steps else None,
+    )
+
+
+def cache_info(text: str) -> dict[str, str]:
+    """vllm:cache_config_info's labels: num_gpu_blocks, block_size, cache_dtype, ..."""
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            return dict(re.findall(r'(\w+)="([^"]*)"', line))
+    return {}
+
+
+def exporter_figures(text: str) -> dict[str, float]:
+    """The sidecar's vfleet_* gauges (position kept as a suffix)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or not m.group(1).startswith("vfleet_"):
+            continue
+        pos = re.search(r'position="(\d+)"', m.group(2) or "")
+        key = m.group(1) + (f"/{pos.group(1)}" if pos else "")
+        try:
+            out[key] = float(m.group(3))
+        except ValueError:
+            continue
+    return out
+
+
+# (sidecar gauge, SpecDelta attribute) pairs compared in the sidecar check
+SIDECAR_PAIRS = (
+    ("vfleet_spec_decode_acceptance_rate", "acceptance"),
+    ("vfleet_spec_decode_mean_acceptance_length", "mean_acceptance_length"),
+    ("vfleet_tokens_per_step", "tokens_per_step"),
+    ("vfleet_decode_tokens_per_second", "decode_tokens_per_s"),
+)
+
+
+def compare_sidecar(sidecar: dict[str, float], hand: SpecDelta) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for gauge, attr in SIDECAR_PAIRS:
+        rows.append({"figure": gauge, "sidecar": sidecar.get(gauge), "hand": getattr(hand, attr)})
+    for pos, rate in hand.per_position.items():
+        rows.append(
+            {
+                "figure": f"vfleet_spec_decode_position_acceptance_rate/{pos}",
+                "sidecar": sidecar.get(f"vfleet_spec_decode_position_acceptance_rate/{pos}"),
+                "hand": rate,
+            }
+        )
+    for row in rows:
+        s, h = row["sidecar"], row["hand"]
+        row["rel_err"] = abs(s - h) / abs(h) if s is not None and h else None
+    return rows
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def http(
+    path: str, body: dict[str, Any] | None = None, timeout: float = 120, port: int = PORT
+) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read() if exc.fp else b""
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc).encode()
+
+
+def scrape(port: int = PORT) -> str:
+    status, raw = http("/metrics", timeout=10, port=port)
+    return raw.decode("utf-8", "replace") if status == 200 else ""
+
+
+GREEDY_PROMPTS = (
+    "Tell me about the quick brown fox.",
+    "Write one sentence about GPUs.",
+    "What is 2 + 2?",
+)
+
+
+def chat(model: str, prompt: str, max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 0,
+    }
+    t0 = time.perf_counter()
+    if not stream:
+        status, raw = http("/v1/chat/completions", body)
+        took = time.perf_counter() - t0
+        if status != 200:
+            return {"ok": False, "status": status, "error": raw[:500].decode("utf-8", "replace")}
+        msg = json.loads(raw)["choices"][0]["message"]
+        return {
+            "ok": True,
+            "seconds": round(took, 4),
+            "content": msg.get("content"),
+            "reasoning": msg.get("reasoning_content") or msg.get("reasoning"),
+        }
+    body["stream"] = True
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{PORT}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    ttft = None
+    chunks = 0
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            for line in resp:
+                if line.startswith(b"data: ") and b"[DONE]" not in line:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    chunks += 1
+    except (urllib.error.URLError, OSError) as exc:
+        return {"ok": False, "error": str(exc)}
+    return {
+        "ok": ttft is not None,
+        "ttft_s": round(ttft, 4) if ttft is not None else None,
+        "total_s": round(time.perf_counter() - t0, 4),
+        "chunks": chunks,
+    }
+
+
+# --------------------------------------------------------------------------- one server
+
+
+@dataclass
+class Host:
+    """Where the lane renders and runs: a vfleet base folder on this machine."""
+
+    base: Path
+    python: str
+    pythonpath: str
+    cuda_home: str
+    model_dir: Path
+    profile: str
+    model: str
+    # --set: added to every configuration (e.g. extra_args.gdn-prefill-backend=triton)
+    sets: tuple[str, ...] = ()
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        extra = [
+            p for p in (self.pythonpath, str(REPO / "src"), str(REPO / "healthcheck/src")) if p
+        ]
+        env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        return env
+
+
+def render(host: Host, cfg: LaneConfig) -> Path:
+    """Render the release of `cfg` under base/instances/main/releases/<name> and point
+    base/instances/main/current at it (the probe's rendered paths expect that)."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.compile import resolve
+    from vfleet.config import HostVars
+    from vfleet.render import render_files, write_atomic
+
+    launch = resolve(
+        host.profile,
+        host.model,
+        sets=[*BASE_SETS, *host.sets, *cfg.sets],
+        host=HostVars(base_dir=str(host.base), cuda_home=host.cuda_home),
+    )
+    inst = host.base / "instances" / "main"
+    rel = inst / "releases" / cfg.name
+    write_atomic(render_files(launch), rel)
+    current = inst / "current"
+    if current.is_symlink() or current.exists():
+        current.unlink()
+    current.symlink_to(rel)
+    (inst / "state").mkdir(parents=True, exist_ok=True)
+    (inst / "home").mkdir(parents=True, exist_ok=True)
+    return rel
+
+
+def prepare_host(host: Host, stack_venv: str) -> None:
+    """The venv path launch.sh execs: a wrapper around the given python (and PYTHONPATH)."""
+    venv_bin = host.base / "venvs" / stack_venv / "bin"
+    venv_bin.mkdir(parents=True, exist_ok=True)
+    wrapper = venv_bin / "python"
+    path = host.pythonpath
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        + (f'export PYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}"\n' if path else "")
+        + f'exec "{host.python}" "$@"\n',
+        encoding="utf-8",
+    )
+    wrapper.chmod(0o755)
+    models = host.base / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    link = models / host.model
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(host.model_dir.resolve())
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def start(rel: Path, log: Path, debug: bool, pidfile: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    if debug:
+        env["VLLM_LOGGING_LEVEL"] = "DEBUG"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            ["sh", str(rel / "launch.sh")],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    pidfile.write_text(str(proc.pid), encoding="utf-8")
+    return proc
+
+
+def stop_leftover(pidfile: Path) -> bool:
+    """Stop the server an interrupted run of this lane left behind (its own process group)."""
+    try:
+        pgid = int(pidfile.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    pidfile.unlink()
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    time.sleep(3)
+    return True
+
+
+def wait_ready(proc: subprocess.Popen[bytes], timeout: float) -> float | None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            return None
+        if http("/health", timeout=5)[0] == 200:
+            return round(time.monotonic() - t0, 2)
+        time.sleep(0.5)
+    return None
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+
+
+def gpu_used_mib() -> int | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def dir_mib(path: Path) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return round(total / (1 << 20), 1)
+
+
+def run_greedy(model: str) -> dict[str, Any]:
+    before = counter_sums(scrape())
+    t0 = time.monotonic()
+    replies = [chat(model, p, 96) for p in GREEDY_PROMPTS]
+    delta = spec_delta(before, counter_sums(scrape()), time.monotonic() - t0)
+    return {"replies": replies, "spec": asdict(delta)}
+
+
+def run_probe(host: Host, rel: Path) -> dict[str, Any]:
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [
+            host.python,
+            "-m",
+            "vfleet_healthcheck.probe",
+            "--config",
+            str(rel / "probe.json"),
+            "--warmup",
+            "--json",
+            "--timeout",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        env={**host.env(), "VFLEET_PROBE_STATE": str(host.base / "instances/main/state")},
+        timeout=600,
+        check=False,
+    )
+    out: dict[str, Any] = {"rc": res.returncode, "seconds": round(time.monotonic() - t0, 2)}
+    try:
+        out["report"] = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        out["stdout"], out["stderr"] = res.stdout[-2000:], res.stderr[-2000:]
+    return out
+
+
+def run_sidecar(host: Host, rel: Path, model: str, logdir: Path) -> dict[str, Any]:
+    cmd = [host.python, "-m", "vfleet_healthcheck.exporter", "--vllm-url"]
+    cmd += [f"http://127.0.0.1:{PORT}", "--listen", f"127.0.0.1:{SIDECAR_PORT}"]
+    cmd += ["--config", str(rel / "sidecar.json")]
+    with (logdir / "sidecar.log").open("wb") as fh:
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=host.env(), start_new_session=True
+        )
+    try:
+        for _ in range(60):
+            if http("/metrics", timeout=5, port=SIDECAR_PORT)[0] == 200:
+                break
+            time.sleep(0.5)
+        # The exporter scrapes vLLM when it is scraped; a raw scrape right after each of its
+        # scrapes sees the same counters while the server is idle.
+        scrape(SIDECAR_PORT)
+        raw0, t0 = counter_sums(scrape()), time.monotonic()
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda p: chat(model, p, 200), (*GREEDY_PROMPTS, "Count to ten.")))
+        side = exporter_figures(scrape(SIDECAR_PORT))
+        raw1, t1 = counter_sums(scrape()), time.monotonic()
+        hand = spec_delta(raw0, raw1, t1 - t0)
+        return {"rows": compare_sidecar(side, hand), "hand": asdict(hand)}
+    finally:
+        stop(proc)
+
+
+def run_bench(host: Host, out: Path) -> dict[str, Any]:
+    cmd = [host.python, "-m", "vfleet.cli", "bench", "run", "--url", f"127.0.0.1:{PORT}"]
+    cmd += ["--scenario", "decode,context", "--lengths", "512,2048", "--decode-tokens", "256"]
+    cmd += ["--repeats", "2", "--out", str(out), "--no-plots", "--quiet", "--time-limit", "90"]
+    t0 = time.monotonic()
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=host.env(), timeout=300, check=False
+    )
+    result: dict[str, Any] = {"rc": res.returncode, "seconds": round(time.monotonic() - t0, 2)}
+    if (out / "result.md").exists():
+        result["markdown"] = (out / "result.md").read_text(encoding="utf-8")
+    if res.returncode:
+        result["stderr"] = res.stderr[-2000:]
+    return result
+
+
+def serve_one(host: Host, cfg: LaneConfig, logdir: Path, timeout: float) -> dict[str, Any]:
+    rel = render(host, cfg)
+    log = logdir / f"{cfg.name}.log"
+    rec: dict[str, Any] = {
+        "name": cfg.name,
+        "sets": [*BASE_SETS, *host.sets, *cfg.sets],
+        "why": cfg.why,
+        "vllm_yaml": (rel / "vllm.yaml").read_text(encoding="utf-8"),
+    }
+    if not port_free(PORT):
+        rec["error"] = f"port {PORT} is busy before the start"
+        return rec
+    proc = start(rel, log, cfg.debug_log, host.base / "lane.pid")
+    try:
+        rec["ready_s"] = ready = wait_ready(proc, timeout)
+        if ready is None:
+            rec["error"] = f"not ready (exit code {proc.poll()})"
+            return rec
+        model = host.model
+        if "first-request" in cfg.roles:
+            rec["first_request"] = chat(model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
+            rec["second_request"] = chat(model, "[second] " + GREEDY_PROMPTS[0] * 20, 64, True)
+        metrics = scrape()
+        rec["cache_info"] = cache_info(metrics)
+        rec["vllm_version"] = json.loads(http("/version")[1] or b"{}").get("version")
+        rec["gpu_used_mib"] = gpu_used_mib()
+        if "probe" in cfg.roles:
+            rec["probe"] = run_probe(host, rel)
+        if "greedy" in cfg.roles:
+            rec["greedy"] = run_greedy(model)
+        if "sidecar" in cfg.roles:
+            rec["sidecar"] = run_sidecar(host, rel, model, logdir)
+        if "bench" in cfg.roles:
+            rec["bench"] = run_bench(host, logdir / "bench")
+        rec["alive_at_end"] = proc.poll() is None and http("/health", timeout=5)[0] == 200
+    except (SystemExit, KeyboardInterrupt):
+        # `timeout` (SIGTERM) or Ctrl-C: keep what was measured, stop the server, stop the run.
+        rec["error"] = "interrupted"
+        rec["interrupted"] = True
+    finally:
+        stop(proc)
+        (host.base / "lane.pid").unlink(missing_ok=True)
+        rec["log_terms"] = asdict(parse_log(log.read_text(encoding="utf-8", errors="replace")))
+        caches = host.base / "cache" / "main"
+        rec["cache_mib"] = {p.name: dir_mib(p) for p in sorted(caches.glob("*")) if p.is_dir()}
+        fi = Path.home() / ".cache" / "flashinfer"
+        rec["cache_mib"]["flashinfer-home"] = dir_mib(fi) if fi.exists() else 0.0
+    return rec
+
+
+def greedy_identity(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every configuration's greedy replies against the MTP-off reference (same prompts)."""
+    ref = next((r for r in records if r["name"] == "no-mtp" and "greedy" in r), None)
+    out: dict[str, Any] = {"reference": ref["name"] if ref else None, "same": {}}
+    if ref is None:
+        return out
+
+    def texts(rec: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return [(x.get("reasoning"), x.get("content")) for x in rec["greedy"]["replies"]]
+
+    for rec in records:
+        if "greedy" in rec and rec is not ref:
+            out["same"][rec["name"]] = texts(rec) == texts(ref)
+    return out
+
+
+def machine_facts(python: str, env: dict[str, str]) -> dict[str, Any]:
+    code = (
+        "import json,torch,platform;p=torch.cuda.get_device_properties(0);"
+        "free,total=torch.cuda.mem_get_info();"
+        "print(json.dumps({'gpu':p.name,'total_memory':total,'free_memory':free,"
+        "'capability':list(torch.cuda.get_device_capability(0)),'torch':torch.__version__,"
+        "'cuda':torch.version.cuda,'python':platform.python_version()}))"
+    )
+    res = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    try:
+        facts: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        facts = {"error": res.stderr[-1500:]}
+    nvcc = shutil.which("nvcc")
+    facts["nvcc"] = nvcc
+    facts["nproc"] = os.cpu_count()
+    return facts
+
+
+def summary_md(result: dict[str, Any]) -> str:
+    lines = [
+        f"# GPU lane: {result['profile']} x {result['model']}",
+        "",
+        f"machine: {json.dumps(result['machine'])}",
+        "",
+        "| config | ready s | KV tokens | avail KV GiB | weights GiB | graph est/pool GiB | "
+        "acceptance | mean len | error |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["configs"]:
+        t = r.get("log_terms", {})
+        spec = r.get("greedy", {}).get("spec", {})
+        acc = spec.get("acceptance")
+        mal = spec.get("mean_acceptance_length")
+        lines.append(
+            f"| {r['name']} | {r.get('ready_s')} | {t.get('kv_tokens')} | "
+            f"{t.get('available_kv_gib')} | {t.get('weights_gib')} | "
+            f"{t.get('cudagraph_estimate_gib')}/{t.get('graph_pool_gib')} | "
+            f"{'-' if acc is None else f'{acc:.3f}'} | {'-' if mal is None else f'{mal:.2f}'} | "
+            f"{r.get('error', '')} |"
+        )
+    lines += ["", f"greedy identical to MTP off: {json.dumps(result['greedy_identity'])}", ""]
+    return "\n".join(lines)
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = Path(a.base_dir).expanduser()
+    nvcc = shutil.which("nvcc")
+    cuda_home = a.cuda_home or (
+        str(Path(nvcc).resolve().parent.parent) if nvcc else "/usr/local/cuda"
+    )
+    model_dir = Path(a.model_dir) if a.model_dir else base / "build" / a.model
+    host = Host(
+        base, a.python, a.pythonpath or "", cuda_home, model_dir, a.profile, a.model, tuple(a.sets)
+    )
+    if not (model_dir / "config.json").exists():
+        # The generated test models are built here from the preset (no downloads).
+        sys.path[:0] = [str(REPO / "src")]
+        from vfleet.profiles import load_model
+
+        arch = load_model(a.model).arch.model_dump()
+        gen = load_model(a.model).source.generator
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+            json.dump(arch, fh)
+        subprocess.run(
+            [
+                a.python,
+                str(REPO / "src/vfleet/tinymodels.py"),
+                str(gen),
+                str(model_dir),
+                "--arch-json",
+                fh.name,
+            ],
+            check=True,
+            env=host.env(),
+        )
+    # `timeout` or Ctrl-C: unwind, so that the server's process group is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    base.mkdir(parents=True, exist_ok=True)
+    if stop_leftover(base / "lane.pid"):
+        print("stopped a server an interrupted run left behind", flush=True)
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.compile import resolve
+
+    stack = resolve(a.profile, a.model, sets=list(BASE_SETS)).stack
+    prepare_host(host, f"{stack.vllm_package}-{stack.vllm}")
+    logdir = out / "logs"
+    logdir.mkdir(exist_ok=True)
+    result: dict[str, Any] = {
+        "profile": a.profile,
+        "model": a.model,
+        "machine": machine_facts(a.python, host.env()),
+        "cuda_home": cuda_home,
+        "configs": [],
+    }
+    t_all = time.monotonic()
+    for cfg in select(a.only):
+        if a.budget_s and time.monotonic() - t_all > a.budget_s:
+            result["configs"].append({"name": cfg.name, "error": "skipped: --budget-s spent"})
+            continue
+        print(f"== {cfg.name}: {' '.join(cfg.sets) or 'defaults'}", flush=True)
+        rec = serve_one(host, cfg, logdir, a.start_timeout)
+        result["configs"].append(rec)
+        t = rec.get("log_terms", {})
+        spec = rec.get("greedy", {}).get("spec", {})
+        print(
+            f"   ready {rec.get('ready_s')} s, KV {t.get('kv_tokens')} tokens, acceptance "
+            f"{spec.get('acceptance')}, error {rec.get('error')}",
+            flush=True,
+        )
+        (out / "lane.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+        if rec.get("interrupted"):
+            break
+    result["greedy_identity"] = greedy_identity(result["configs"])
+    result["seconds"] = round(time.monotonic() - t_all, 1)
+    (out / "lane.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "lane.md").write_text(summary_md(result), encoding="utf-8")
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(logdir, arcname="logs")
+    shutil.rmtree(logdir)
+    print(summary_md(result))
+    return 0
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class TermRow:
+    config: str
+    term: str
+    planner: float | None
+    vllm: float | None
+
+    @property
+    def error_pct(self) -> float | None:
+        if self.planner is None or self.vllm is None or self.vllm == 0:
+            return None
+        return 100.0 * (self.planner - self.vllm) / self.vllm
+
+
+def planner_rows(
+    rec: dict[str, Any], profile: str, model: str, total_bytes: int | None = None
+) -> list[TermRow]:
+    """vfleet's planner for the configuration beside the terms vLLM logged."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.compile import resolve
+    from vfleet.planner import plan_launch
+
+    launch = resolve(profile, model, sets=list(rec["sets"]), strict_memory=False)
+    plan = plan_launch(launch)
+    t = rec.get("log_terms", {})
+    gpu = plan.gpu
+    # vLLM: available KV = requested - (weights + activation peak + non-torch) - CUDA graph
+    # estimate, so everything in the budget but weights and KV is requested - available -
+    # weights. Requested is logged at DEBUG; else util x the total memory torch reports.
+    requested = t.get("requested_gib")
+    util = launch.config_values().get("gpu-memory-utilization")
+    if requested is None and total_bytes and util:
+        requested = float(util) * total_bytes / GIB
+    logged_reserve = None
+    if requested is not None and t.get("available_kv_gib") is not None and t.get("weights_gib"):
+        logged_reserve = requested - t["available_kv_gib"] - t["weights_gib"]
+    info = rec.get("cache_info", {})
+    blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks") else None
+    # The page math alone: vLLM's own block count through the planner's blocks per request.
+    from_blocks = int(blocks / plan.kv.blocks_per_request * plan.max_model_len) if blocks else None
+    return [
+        TermRow(
+            rec["name"],
+            "block size (tokens)",
+            plan.kv.block_size,
+            float(info["block_size"]) if info.get("block_size") else None,
+        ),
+        TermRow(rec["name"], "KV tokens from vLLM's block count", from_blocks, t.get("kv_tokens")),
+        TermRow(rec["name"], "KV tokens", plan.kv.kv_cache_tokens, t.get("kv_tokens")),
+        TermRow(
+            rec["name"],
+            "KV memory GiB",
+            gpu.kv_bytes / GIB if gpu else None,
+            t.get("available_kv_gib"),
+        ),
+        TermRow(
+            rec["name"],
+            "weights GiB",
+            gpu.weights_bytes / GIB if gpu else None,
+            t.get("weights_gib"),
+        ),
+        TermRow(
+            rec["name"],
+            "non-KV in budget (reserve) GiB",
+            gpu.reserve_bytes / GIB if gpu else None,
+            logged_reserve,
+        ),
+    ]
+
+
+def report_md(result: dict[str, Any]) -> str:
+    lines = [
+        "| config | term | planner | vLLM logged | error |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for rec in result["configs"]:
+        if "log_terms" not in rec or rec["log_terms"].get("kv_tokens") is None:
+            continue
+        total = result.get("machine", {}).get("total_memory")
+        for row in planner_rows(rec, result["profile"], result["model"], total):
+            err = row.error_pct
+            lines.append(
+                f"| {row.config} | {row.term} | {_fmt(row.planner)} | {_fmt(row.vllm)} | "
+                f"{'-' if err is None else f'{err:+.2f}%'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    result = json.loads(Path(a.result).read_text(encoding="utf-8"))
+    text = report_md(result)
+    if a.md:
+        Path(a.md).write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="gpu_lane.py",
+        description="Serve vfleet's rendered configurations on a CUDA GPU with real vLLM and "
+        "measure them (docs/GPU.md).",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="render, serve and measure each configuration (needs a GPU)")
+    r.add_argument("--out", required=True, help="folder for lane.json, lane.md, logs.tar.gz")
+    r.add_argument("--profile", default=DEFAULT_PROFILE)
+    r.add_argument("--model", default=DEFAULT_MODEL)
+    r.add_argument("--only", help=f"comma-separated configurations of: {[c.name for c in MATRIX]}")
+    r.add_argument("--base-dir", default="~/vfleet-gpu-lane", help="vfleet base folder to use")
+    r.add_argument("--python", default=sys.executable, help="the python that imports vLLM")
+    r.add_argument("--pythonpath", help="prepended to PYTHONPATH for vLLM (a --target install)")
+    r.add_argument("--model-dir", help="a built model (default: build it into the base folder)")
+    r.add_argument("--cuda-home", help="CUDA toolkit for JIT (default: from nvcc on PATH)")
+    r.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a vfleet setting added to every configuration (repeatable)",
+    )
+    r.add_argument("--start-timeout", type=float, default=900, help="seconds to /health")
+    r.add_argument("--budget-s", type=float, default=0, help="skip configs after this long")
+    r.set_defaults(fn=cmd_run)
+    p = sub.add_parser("report", help="planner vs vLLM's logged memory terms (no GPU)")
+    p.add_argument("result", help="lane.json from `run`")
+    p.add_argument("--md", help="also write the table to this file")
+    p.set_defaults(fn=cmd_report)
+    a = ap.parse_args(argv)
+    rc: int = a.fn(a)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

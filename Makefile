@@ -195,6 +195,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml
 	$(BIN)/vfleet prometheus rules --check
 	$(BIN)/python -m vfleet.dashboards --check observability/grafana/dashboards
+	$(BIN)/python -m vfleet.verification --check docs/VERIFICATION.md
 	$(BIN)/python -m pytest -q tests/test_units.py
 
 .PHONY: unit

@@ -451,5 +451,14 @@ def _engine_result(launch: Launch, runner: EngineRunner, item: dict[str, Any]) -
     )
 
 
+def require_engine_tools(launch: Launch) -> None:
+    """Raise VfleetError (with the fix) when this machine lacks what checking `launch` needs."""
+    gpu = present_gpu(launch.profile) is not None
+    engine_runner(launch.stack, gpu)
+    _engine_deps()
+    if gpu:
+        _flashinfer_paths(launch.stack)
+
+
 def check_launch_engine(launch: Launch) -> EngineResult:
     return check_engine([launch])[0]

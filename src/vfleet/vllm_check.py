@@ -327,20 +327,32 @@ def model_config_json(preset: ModelPreset) -> dict[str, Any]:
 
 
 def _env(launch: Launch, tmp: Path) -> dict[str, str]:
-    """The render's VLLM_* and VFLEET_* variables; host paths point into `tmp` instead."""
-    env = {}
-    for e in launch.env:
-        if not (e.key.startswith("VLLM_") or e.key.startswith("VFLEET_")) or e.secret:
-            continue
-        env[e.key] = str(e.value)
-    if "VLLM_CACHE_ROOT" in env:
-        env["VLLM_CACHE_ROOT"] = str(tmp / "vllm-cache")
+    """The render's VLLM_* and VFLEET_* variables, as the serving host's vLLM sees them.
+
+    Paths on the host (caches, the plugin's decision file, the draft vocabulary) point into
+    `tmp` instead: the check must not write into a deployed instance. The CUDA toolkit the render
+    declares (CUDA_HOME) is presented to FlashInfer as FLASHINFER_NVCC: the host's nvcc is a fact
+    this machine cannot have (the SM75 plugin takes that variable as given).
+    """
     from vfleet_sm75.settings import ENV_TABLE  # the plugin's own name for it
 
-    if ENV_TABLE in env:  # the draft vocabulary the deploy puts on the host
-        path = tmp / "draft-vocab.json"
-        path.write_text(launch.draft_vocab or "", encoding="utf-8")
-        env[ENV_TABLE] = str(path)
+    base = launch.host.base_dir.rstrip("/") + "/"
+    env = {}
+    for e in launch.env:
+        if e.secret:
+            continue
+        value = str(e.value)
+        if e.key == "CUDA_HOME" and value:
+            env["FLASHINFER_NVCC"] = f"{value}/bin/nvcc"
+        if not (e.key.startswith("VLLM_") or e.key.startswith("VFLEET_")):
+            continue
+        if value.startswith(base):
+            value = str(tmp / "host" / value[len(base) :])
+        env[e.key] = value
+    if ENV_TABLE in env and launch.draft_vocab:  # the table the deploy puts on the host
+        table = Path(env[ENV_TABLE])
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(launch.draft_vocab, encoding="utf-8")
     return env
 
 

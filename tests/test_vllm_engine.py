@@ -195,7 +195,7 @@ def test_engine_refusals_are_caught(results: dict[str, EngineResult], name: str)
     result = results[f"refused/{name}"]
     _, message, key = REFUSED[name]
     assert not result.ok
-    assert result.stage in ("engine-config", "attention-target", "attention-draft"), result
+    assert result.stage in ("engine-config", "attention-target", "block-size", "attention-draft")
     assert message in (result.error or ""), result.error
     rules = {o.key: o.rule for o in result.offenders}
     assert rules.get(key) in ("test-rule", "attention-backend"), result.summary()

@@ -143,7 +143,9 @@ class Offender:
 class EngineResult:
     ok: bool
     vllm: str
-    stage: str  # where it stopped: plugins, parse, engine-config, attention-target/-draft, done
+    # where it stopped: plugins, parse, engine-config, attention-target, block-size,
+    # attention-draft, done
+    stage: str
     error: str | None
     where: str
     device: PresentedGpu | None

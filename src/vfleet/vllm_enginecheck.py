@@ -20,8 +20,9 @@ imported vLLM once (importing it takes ~10 s):
    configs, the platform's check_and_update_config, the model's verify_and_update_config);
 5. the attention backend is selected by `vllm.v1.attention.selector.get_attn_backend` as an
    attention layer does (validate_configuration: compute capability, head size, dtype, KV-cache
-   dtype, block size), for the target and, with a speculative draft, for the draft's config as
-   the proposer derives it (`_create_draft_vllm_config`).
+   dtype, block size), then the platform's `update_block_size_for_backend` (the backend's block
+   size; hybrid models: aligned with the Mamba page), and, with a speculative draft, the
+   selection for the draft's config as the proposer derives it (`_create_draft_vllm_config`).
 
 It prints one JSON object per job, one per line: {"config", "ok", "vllm", "stage", "error",
 "facts": {...}, "patched": [...], "plugin_log": [...]}. Stdlib-only at import.
@@ -203,7 +204,7 @@ def _first_attr(modules: tuple[str, ...], name: str) -> Any:
     raise ImportError(f"{name} not found in {modules}")
 
 
-def _select_backend(vllm_config: Any, model_config: Any) -> str:
+def _select_backend(vllm_config: Any, model_config: Any) -> Any:
     """The attention backend an attention layer of `model_config` gets, as vLLM selects it."""
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.selector import get_attn_backend
@@ -216,7 +217,24 @@ def _select_backend(vllm_config: Any, model_config: Any) -> str:
             use_mla=bool(getattr(model_config, "use_mla", False)),
             num_heads=model_config.get_num_attention_heads(vllm_config.parallel_config),
         )
-    return str(backend.get_name())
+    return backend
+
+
+def _align_block_size(vllm_config: Any, backend: Any) -> None:
+    """vLLM's worker runs Platform.update_block_size_for_backend once the model's layers exist:
+    the backend's preferred block size, then (hybrid models) the attention block size aligned
+    with the Mamba page. No layers are built here, so the platform is told the backend that the
+    selection above chose; the rest is vLLM's own code."""
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    if not hasattr(platform, "update_block_size_for_backend"):
+        return
+    for name, answer in (("_find_non_ssm_backend", backend), ("_find_non_ssm_backends", [backend])):
+        if hasattr(platform, name):
+            setattr(platform, name, classmethod(lambda cls, config, a=answer: a))
+            _STUBBED.append(f"Platform.{name} (the selected backend; no layers are built)")
+    current_platform.update_block_size_for_backend(vllm_config)
 
 
 def _draft_config(vllm_config: Any) -> Any:
@@ -306,15 +324,17 @@ def run_job(job: dict[str, Any], parse: Any, tokenizer: str) -> dict[str, Any]:
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         result["facts"] = _facts(vllm_config)
         result["stage"] = "attention-target"
-        result["facts"]["attention_backend"] = _select_backend(
-            vllm_config, vllm_config.model_config
-        )
+        backend = _select_backend(vllm_config, vllm_config.model_config)
+        result["facts"]["attention_backend"] = str(backend.get_name())
+        result["stage"] = "block-size"
+        _align_block_size(vllm_config, backend)
+        result["facts"]["block_size"] = vllm_config.cache_config.block_size
         spec = vllm_config.speculative_config
         if spec is not None and getattr(spec, "draft_model_config", None) is not None:
             result["stage"] = "attention-draft"
             draft = _draft_config(vllm_config)
-            result["facts"]["draft_attention_backend"] = _select_backend(
-                draft, spec.draft_model_config
+            result["facts"]["draft_attention_backend"] = str(
+                _select_backend(draft, spec.draft_model_config).get_name()
             )
         result["stage"] = "done"
         result["ok"] = True

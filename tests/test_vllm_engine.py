@@ -21,9 +21,15 @@ import pytest
 
 from vfleet.compile import Launch, resolve
 from vfleet.errors import VfleetError
-from vfleet.profiles import load_profile
+from vfleet.planner import arch_from_config
+from vfleet.profiles import load_model, load_profile
 from vfleet.rules import Entry
-from vfleet.vllm_check import EngineResult, check_engine, require_engine_tools
+from vfleet.vllm_check import (
+    EngineResult,
+    check_engine,
+    model_config_json,
+    require_engine_tools,
+)
 
 from .conftest import REPO, require_tools
 
@@ -238,3 +244,15 @@ def test_cli_exits_2_with_vllms_message_and_the_rule(tmp_path: Path) -> None:
     assert "block_size not supported" in proc.stderr
     assert "block-size: 24 set by rule operator-overrides" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_checked_config_json_is_the_presets_architecture(model: str) -> None:
+    """The config.json the check gives vLLM reads back (by vfleet's own reader of real
+    checkpoints' configs) as the preset's architecture: vLLM checks the model vfleet plans."""
+    preset = load_model(model)
+    got = arch_from_config(model_config_json(preset), model)
+    want = preset.arch.model_dump()
+    for key, value in got.model_dump().items():
+        if want.get(key) is not None:
+            assert value == want[key], key

@@ -89,7 +89,8 @@ def _presented_platform() -> Any:
     from vllm.platforms import cuda
     from vllm.platforms.interface import DeviceCapability
 
-    class PresentedCudaPlatform(cuda.CudaPlatform):  # type: ignore[misc]
+    # The non-NVML variant: on a machine with an NVIDIA driver, NVML would describe that GPU.
+    class PresentedCudaPlatform(cuda.NonNvmlCudaPlatform):  # type: ignore[misc]
         @classmethod
         def get_device_capability(cls, device_id: int = 0) -> Any:
             major, minor = _DEVICE["capability"]
@@ -251,6 +252,16 @@ def _draft_config(vllm_config: Any) -> Any:
     return derive(holder)
 
 
+def _message(exc: Exception) -> str:
+    """vLLM's message; pydantic's echo of every input value and its help link are left out."""
+    lines = [f"{type(exc).__name__}: {exc}".splitlines()[0]]
+    for line in str(exc).splitlines()[1:]:
+        if "errors.pydantic.dev" in line:
+            continue
+        lines.append(re.sub(r"\s*\[type=.*$", "", line).strip())
+    return " ".join(x for x in lines if x)
+
+
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -340,7 +351,7 @@ def run_job(job: dict[str, Any], parse: Any, tokenizer: str) -> dict[str, Any]:
         result["ok"] = True
         result["seconds"] = round(time.monotonic() - start, 1)
     except Exception as exc:  # vLLM's refusal, reported with the stage it came from
-        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["error"] = _message(exc)
     finally:
         result["plugin_log"] = capture.lines
         result["patched"] = sorted(set(_STUBBED))

@@ -125,10 +125,29 @@ REFUSED = {
         "kv-cache-dtype",
     ),
 }
-# The same backend on a GPU that vLLM 0.21.0 still allows (its floor is 7.5): accepted.
+
+
+def _plugin_off(launch: Launch) -> Launch:
+    env = launch.ctx.env["VFLEET_SM75"]
+    launch.ctx.env["VFLEET_SM75"] = Entry("env", env.key, "off", "test-rule", "off", "tests")
+    return launch
+
+
+REFUSED["flashinfer-on-sm75-vllm-0.27.1-plugin-off"] = (
+    lambda: _plugin_off(
+        _bad("2x2080ti-22g", "qwen3.8-27b-awq-mtp", [], attention_backend="FLASHINFER")
+    ),
+    "['compute capability not supported']",
+    "attention-backend",
+)
+# The same backend where vLLM allows it: 0.21.0 (its floor is SM75), and 0.27.1 on SM75 with
+# the SM75 plugin's hook (loaded by vLLM's plugin loader in the check, as on the host).
 ACCEPTED = {
     "flashinfer-on-sm75-vllm-0.21": lambda: _bad(
         "4x2080ti-22g", "qwen3.6-27b-fp8", [], attention_backend="FLASHINFER"
+    ),
+    "flashinfer-on-sm75-vllm-0.27.1-plugin": lambda: _bad(
+        "2x2080ti-22g", "qwen3.8-27b-awq-mtp", [], attention_backend="FLASHINFER"
     ),
 }
 
@@ -207,9 +226,12 @@ def test_engine_refusals_are_caught(results: dict[str, EngineResult], name: str)
     assert rules.get(key) in ("test-rule", "attention-backend"), result.summary()
 
 
-def test_the_same_backend_where_vllm_allows_it(results: dict[str, EngineResult]) -> None:
-    result = results["accepted/flashinfer-on-sm75-vllm-0.21"]
+@pytest.mark.parametrize("name", sorted(ACCEPTED))
+def test_the_same_backend_where_vllm_allows_it(results: dict[str, EngineResult], name: str) -> None:
+    result = results[f"accepted/{name}"]
     assert result.ok and result.attention_backend == "FLASHINFER", result.summary()
+    if "plugin" in name:  # the plugin's own decision line, from inside the check
+        assert any("flashinfer-sm75=on" in line for line in result.plugin_log), result.plugin_log
 
 
 def test_seed_002_finding_names_the_rule(results: dict[str, EngineResult]) -> None:

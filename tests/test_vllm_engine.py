@@ -39,15 +39,20 @@ PROFILES = sorted(p.stem for p in (REPO / "profiles" / "hardware").glob("*.yaml"
 MODELS = sorted(p.stem for p in (REPO / "profiles" / "models").glob("*.yaml"))
 DEPLOYMENTS = sorted(p.stem for p in (REPO / "profiles" / "deployments").glob("*.yaml"))
 
-# What the engine check finds in today's stacks (case id -> the finding). Strict: when a fix
-# lands the test fails until the entry is removed.
+# What the engine check finds in today's stacks: (case id, the stack it resolves to) -> the
+# finding. Strict: when a fix lands (or the case moves to another stack) the entry must go.
 FINDINGS = {
-    "seed-002-2x2080ti-systemd": (
+    ("seed-002-2x2080ti-systemd", "vllm-0.24.0-flashinfer-sm75"): (
         "stock vLLM 0.24.0 refuses FLASHINFER on SM75 (FlashInferBackend."
         "supports_compute_capability: >= 8.0) and the stack carries no plugin; FlashInfer "
         "0.6.12 predates the SM75 fix (0.6.16), so nothing may lift the floor"
     ),
 }
+
+
+def _stack(profile: str, version: str) -> str:
+    """The profile's stack that pins this vLLM (stack names change; versions are the fact)."""
+    return next(n for n, s in load_profile(profile).stacks.items() if s.vllm == version)
 
 
 def _combos() -> list[tuple[str, str, str]]:
@@ -73,6 +78,13 @@ def _bad(profile: str, model: str, sets: list[str], **args: object) -> Launch:
     for name, value in args.items():
         key = name.replace("_", "-")
         launch.ctx.args[key] = Entry("arg", key, value, "test-rule", "set by this test", "tests")
+    return launch
+
+
+def _plugin_off(launch: Launch) -> Launch:
+    """Stock vLLM: the SM75 plugin (where the stack has it) told to stay off."""
+    if "VFLEET_SM75" in launch.ctx.env:
+        launch.ctx.env["VFLEET_SM75"] = Entry("env", "VFLEET_SM75", "off", "test-rule", "", "")
     return launch
 
 
@@ -109,11 +121,13 @@ REFUSED = {
         "block-size",
     ),
     "flashinfer-on-sm75-vllm-0.24": (
-        lambda: _bad(
-            "2x2080ti-22g",
-            "qwen3.8-27b-awq-mtp",
-            ["stack=vllm-0.24.0-flashinfer-sm75"],
-            attention_backend="FLASHINFER",
+        lambda: _plugin_off(
+            _bad(
+                "2x2080ti-22g",
+                "qwen3.8-27b-awq-mtp",
+                [f"stack={_stack('2x2080ti-22g', '0.24.0')}"],
+                attention_backend="FLASHINFER",
+            )
         ),
         "FLASHINFER is not valid for this configuration. Reason: "
         "['compute capability not supported']",
@@ -125,12 +139,6 @@ REFUSED = {
         "kv-cache-dtype",
     ),
 }
-
-
-def _plugin_off(launch: Launch) -> Launch:
-    env = launch.ctx.env["VFLEET_SM75"]
-    launch.ctx.env["VFLEET_SM75"] = Entry("env", env.key, "off", "test-rule", "off", "tests")
-    return launch
 
 
 REFUSED["flashinfer-on-sm75-vllm-0.27.1-plugin-off"] = (
@@ -173,13 +181,18 @@ def results() -> dict[str, EngineResult]:
     return dict(zip(cases, checked, strict=True))
 
 
-def _expect(case: str) -> list[pytest.MarkDecorator]:
-    return [pytest.mark.xfail(strict=True, reason=FINDINGS[case])] if case in FINDINGS else []
+def _expect(case: str, stack: str) -> list[pytest.MarkDecorator]:
+    finding = FINDINGS.get((case, stack))
+    return [pytest.mark.xfail(strict=True, reason=finding)] if finding else []
+
+
+def _deployment_stack(name: str) -> str:
+    return resolve("", "", deployment=REPO / "profiles" / "deployments" / f"{name}.yaml").stack_name
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(d, marks=_expect(d)) for d in DEPLOYMENTS],
+    [pytest.param(d, marks=_expect(d, _deployment_stack(d))) for d in DEPLOYMENTS],
 )
 def test_seed_deployment_passes_the_engine_check(
     results: dict[str, EngineResult], case: str
@@ -191,7 +204,7 @@ def test_seed_deployment_passes_the_engine_check(
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(f"{p}/{m}/{s}", marks=_expect(f"{p}/{m}/{s}")) for p, m, s in COMBOS],
+    [pytest.param(f"{p}/{m}/{s}", marks=_expect(f"{p}/{m}/{s}", s)) for p, m, s in COMBOS],
 )
 def test_profile_x_preset_passes_the_engine_check(
     results: dict[str, EngineResult], case: str
@@ -234,13 +247,16 @@ def test_the_same_backend_where_vllm_allows_it(results: dict[str, EngineResult],
         assert any("flashinfer-sm75=on" in line for line in result.plugin_log), result.plugin_log
 
 
-def test_seed_002_finding_names_the_rule(results: dict[str, EngineResult]) -> None:
-    """Today's seed 002 refusal carries vLLM's reason and the vfleet rule behind the backend."""
-    result = results["seed-002-2x2080ti-systemd"]
+@pytest.mark.parametrize("case", sorted({c for c, _ in FINDINGS}))
+def test_a_finding_names_vllms_reason_and_the_rule(
+    results: dict[str, EngineResult], case: str
+) -> None:
+    """Where today's stacks are refused, the result carries vLLM's reason and the vfleet rule."""
+    result = results[case]
     if result.ok:
-        pytest.skip("seed 002 is accepted now (its FINDINGS entry fails strictly)")
-    assert "compute capability not supported" in (result.error or "")
-    assert [o.key for o in result.offenders] == ["attention-backend"]
+        pytest.skip(f"{case} is accepted now (its FINDINGS entry fails strictly)")
+    assert result.error and result.offenders, result.summary()
+    assert all(o.rule for o in result.offenders)
 
 
 def test_cli_exits_2_with_vllms_message_and_the_rule(tmp_path: Path) -> None:

@@ -117,6 +117,7 @@ class PresentedGpu:
     memory_bytes: int
     count: int
     nvlink: bool | None
+    cuda: str | None  # the stack's CUDA (what GPU-only kernels were built with)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class EngineResult:
         return text
 
 
-def present_gpu(profile: HardwareProfile) -> PresentedGpu | None:
+def present_gpu(profile: HardwareProfile, stack: Stack) -> PresentedGpu | None:
     acc = profile.accelerator
     if acc.kind != "cuda" or acc.sm is None:
         return None
@@ -184,6 +185,7 @@ def present_gpu(profile: HardwareProfile) -> PresentedGpu | None:
         memory_bytes=int((acc.vram_gib or 0) * 2**30),
         count=acc.count,
         nvlink=acc.nvlink,
+        cuda=stack.cuda,
     )
 
 
@@ -384,7 +386,7 @@ def check_engine(launches: list[Launch]) -> list[EngineResult]:
     results: list[EngineResult | None] = [None] * len(launches)
     groups: dict[EngineRunner, list[int]] = {}
     for i, launch in enumerate(launches):
-        gpu = present_gpu(launch.profile)
+        gpu = present_gpu(launch.profile, launch.stack)
         groups.setdefault(engine_runner(launch.stack, gpu is not None), []).append(i)
     for runner, idx in groups.items():
         with tempfile.TemporaryDirectory(prefix="vfleet-engine-") as tmp_dir:
@@ -406,7 +408,7 @@ def _job(launch: Launch, tmp: Path, plugin: list[str]) -> dict[str, Any]:
     files = {f.name: f.content for f in render_files(launch)}
     cfg = tmp / "vllm.yaml"
     cfg.write_text(files["vllm.yaml"], encoding="utf-8")
-    gpu = present_gpu(launch.profile)
+    gpu = present_gpu(launch.profile, launch.stack)
     paths = _flashinfer_paths(launch.stack) if gpu else []
     if launch.stack.plugin:
         paths += plugin
@@ -452,7 +454,7 @@ def _engine_result(launch: Launch, runner: EngineRunner, item: dict[str, Any]) -
         stage=stage,
         error=error,
         where=f"source {runner.source_dir}" if runner.source_dir else "installed",
-        device=present_gpu(launch.profile),
+        device=present_gpu(launch.profile, launch.stack),
         attention_backend=facts.get("attention_backend"),
         draft_attention_backend=facts.get("draft_attention_backend"),
         block_size=facts.get("block_size"),
@@ -467,7 +469,7 @@ def _engine_result(launch: Launch, runner: EngineRunner, item: dict[str, Any]) -
 
 def require_engine_tools(launch: Launch) -> None:
     """Raise VfleetError (with the fix) when this machine lacks what checking `launch` needs."""
-    gpu = present_gpu(launch.profile) is not None
+    gpu = present_gpu(launch.profile, launch.stack) is not None
     engine_runner(launch.stack, gpu)
     _engine_deps()
     if gpu:

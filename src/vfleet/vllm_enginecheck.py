@@ -6,7 +6,7 @@ Run it with the python of a virtualenv that has vLLM's dependencies (no GPU need
 
 JOBS.json is a list of jobs: {"config": vllm.yaml, "model_dir": a folder with the model's
 config.json, "env": {...}, "paths": [...], "device": {"name", "capability": [7, 5],
-"memory_bytes", "count", "nvlink"}}. For each job, in a forked child of one process that
+"memory_bytes", "count", "nvlink", "cuda"}}. For each job, in a forked child of one process that
 imported vLLM once (importing it takes ~10 s):
 
 1. the render's environment (VLLM_*, VFLEET_*) is set and `paths` (the stack's FlashInfer, the
@@ -132,15 +132,22 @@ def _inspect_in_process() -> None:
     _STUBBED.append("vllm.model_executor.models.registry._run_in_subprocess (in-process)")
 
 
-# CUTLASS capability queries that vLLM calls at import time (w8a8_utils). Their C++ answers no
-# for every capability below 89 (csrc/quantization/w8a8/cutlass/scaled_mm_entry.cu: FP8 CUTLASS
-# kernels need SM89+); no profile presents one, so a higher capability is refused, not guessed.
-_KERNEL_QUERIES = (
-    "cutlass_scaled_mm_supports_fp8",
-    "cutlass_scaled_mm_supports_block_fp8",
-    "cutlass_group_gemm_supported",
-)
+# CUTLASS capability queries that vLLM calls at import time (w8a8_utils). Their C++ (vLLM's
+# csrc/quantization/w8a8/cutlass/scaled_mm_entry.cu) answers from the capability and the CUDA
+# version the wheel was built with: (capability floor, CUDA floor) pairs, highest first; no
+# pair, or a CUDA below the floor: False. The CUDA version is the stack's.
+_KERNEL_QUERIES: dict[str, tuple[tuple[int, int], ...]] = {
+    "cutlass_scaled_mm_supports_fp8": ((90, 12000), (89, 12040)),
+    "cutlass_scaled_mm_supports_block_fp8": ((100, 12080), (90, 12000)),
+    "cutlass_group_gemm_supported": ((100, 12080), (90, 12030)),
+}
 _LIBS: list[Any] = []
+
+
+def _cuda_version() -> int:
+    """The stack's CUDA as the C macro CUDA_VERSION writes it: 12.9 -> 12090, 13.0 -> 13000."""
+    major, _, minor = str(_DEVICE.get("cuda") or "0.0").partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
 
 
 def _answer_kernel_queries() -> None:
@@ -148,20 +155,21 @@ def _answer_kernel_queries() -> None:
 
     lib = torch.library.Library("_C", "FRAGMENT")  # kept alive in _LIBS
     _LIBS.append(lib)
-    for name in _KERNEL_QUERIES:
+    for name, floors in _KERNEL_QUERIES.items():
         if hasattr(torch.ops._C, name):
             continue
 
-        def answer(cuda_device_capability: int, _name: str = name) -> bool:
-            if cuda_device_capability >= 89:
-                raise NotImplementedError(
-                    f"{_name}: capability {cuda_device_capability} is not presented"
-                )
+        def answer(
+            cuda_device_capability: int, _floors: tuple[tuple[int, int], ...] = floors
+        ) -> bool:
+            for capability, cuda in _floors:
+                if cuda_device_capability >= capability:
+                    return _cuda_version() >= cuda
             return False
 
         lib.define(f"{name}(int cuda_device_capability) -> bool")
         lib.impl(name, answer, "CompositeExplicitAutograd")
-        _STUBBED.append(f"torch.ops._C.{name} (False below SM89, as its C++)")
+        _STUBBED.append(f"torch.ops._C.{name} (its C++ rule, the stack's CUDA)")
 
 
 def _torchvision_schemas() -> None:

@@ -116,7 +116,6 @@ class PresentedGpu:
     capability: tuple[int, int]
     memory_bytes: int
     count: int
-    nvlink: bool | None
     cuda: str | None  # the stack's CUDA (what GPU-only kernels were built with)
 
 
@@ -184,7 +183,6 @@ def present_gpu(profile: HardwareProfile, stack: Stack) -> PresentedGpu | None:
         capability=acc.sm,
         memory_bytes=int((acc.vram_gib or 0) * 2**30),
         count=acc.count,
-        nvlink=acc.nvlink,
         cuda=stack.cuda,
     )
 

@@ -6,14 +6,14 @@ Run it with the python of a virtualenv that has vLLM's dependencies (no GPU need
 
 JOBS.json is a list of jobs: {"config": vllm.yaml, "model_dir": a folder with the model's
 config.json, "env": {...}, "paths": [...], "device": {"name", "capability": [7, 5],
-"memory_bytes", "count", "nvlink", "cuda"}}. For each job, in a forked child of one process that
+"memory_bytes", "count", "cuda"}}. For each job, in a forked child of one process that
 imported vLLM once (importing it takes ~10 s):
 
 1. the render's environment (VLLM_*, VFLEET_*) is set and `paths` (the stack's FlashInfer, the
    SM75 plugin's distribution) go first on sys.path;
 2. the profile's GPU is presented to vLLM's platform layer: vLLM's own CUDA platform class with
-   only get_device_capability / get_device_name / get_device_total_memory / device_count /
-   is_fully_connected (and the device UUID) answered from the job, not from NVML/torch.cuda;
+   only get_device_capability / get_device_name / get_device_total_memory / device_count
+   (and is_fully_connected, the device UUID) answered from the job, not from NVML/torch.cuda;
 3. vLLM's general plugins are loaded as vLLM loads them (`load_general_plugins`);
 4. vLLM's parser reads the config (vllm_argcheck.parse), `AsyncEngineArgs.create_engine_config`
    builds the VllmConfig (model, cache, parallel, scheduler, speculative and compilation
@@ -110,7 +110,9 @@ def _presented_platform() -> Any:
 
         @classmethod
         def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
-            return bool(_DEVICE.get("nvlink"))
+            # NVLink is a fact of the host, not of the profile; vLLM asks only when it starts
+            # custom all-reduce, which this check does not reach.
+            return False
 
         @classmethod
         def get_device_uuid(cls, device_id: int = 0) -> str:

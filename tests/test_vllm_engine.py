@@ -247,16 +247,13 @@ def test_the_same_backend_where_vllm_allows_it(results: dict[str, EngineResult],
         assert any("flashinfer-sm75=on" in line for line in result.plugin_log), result.plugin_log
 
 
-@pytest.mark.parametrize("case", sorted({c for c, _ in FINDINGS}))
-def test_a_finding_names_vllms_reason_and_the_rule(
-    results: dict[str, EngineResult], case: str
-) -> None:
-    """Where today's stacks are refused, the result carries vLLM's reason and the vfleet rule."""
-    result = results[case]
-    if result.ok:
-        pytest.skip(f"{case} is accepted now (its FINDINGS entry fails strictly)")
-    assert result.error and result.offenders, result.summary()
-    assert all(o.rule for o in result.offenders)
+@pytest.mark.parametrize(("case", "stack"), sorted(FINDINGS))
+def test_findings_are_current(case: str, stack: str) -> None:
+    """A finding is about a case on a stack: once the case moves, the entry is stale."""
+    if case in DEPLOYMENTS:
+        assert _deployment_stack(case) == stack, f"{case} moved: remove its FINDINGS entry"
+    else:
+        assert case in {f"{p}/{m}/{s}" for p, m, s in COMBOS}, f"remove {case} from FINDINGS"
 
 
 def test_cli_exits_2_with_vllms_message_and_the_rule(tmp_path: Path) -> None:

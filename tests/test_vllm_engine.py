@@ -160,6 +160,18 @@ ACCEPTED = {
 }
 
 
+# What a real GPU did with the same rendered configurations: vLLM 0.24.0 (CUDA) on one H200
+# served h200-141g x tiny-hybrid-mtp (max_model_len 4096) and logged its attention backend and
+# block size (docs/GPU.md, bench/results/h200). The engine check must reach the same answers
+# on the presented SM90. case -> (--set, backend, block size)
+GPU_OBSERVED = {
+    "main": (["max_model_len=4096"], "FLASHINFER", 160),
+    "no-mtp": (["max_model_len=4096", "speculative.method=none"], "FLASHINFER", 144),
+    "kv-auto": (["max_model_len=4096", "kv_cache_dtype=auto"], "FLASHINFER", 80),
+}
+H200 = "h200-141g" in PROFILES
+
+
 @pytest.fixture(scope="module")
 def results() -> dict[str, EngineResult]:
     cases: dict[str, Launch] = {}
@@ -172,6 +184,8 @@ def results() -> dict[str, EngineResult]:
         cases[f"refused/{name}"] = make()
     for name, make_ok in ACCEPTED.items():
         cases[f"accepted/{name}"] = make_ok()
+    for name, (sets, _, _) in GPU_OBSERVED.items() if H200 else ():
+        cases[f"h200/{name}"] = resolve("h200-141g", "tiny-hybrid-mtp", sets=sets)
     try:
         checked = check_engine(list(cases.values()))
     except VfleetError as exc:  # the tools are missing
@@ -245,6 +259,19 @@ def test_the_same_backend_where_vllm_allows_it(results: dict[str, EngineResult],
     assert result.ok and result.attention_backend == "FLASHINFER", result.summary()
     if "plugin" in name:  # the plugin's own decision line, from inside the check
         assert any("flashinfer-sm75=on" in line for line in result.plugin_log), result.plugin_log
+
+
+@pytest.mark.skipif(not H200, reason="no h200-141g profile in this tree")
+@pytest.mark.parametrize("name", sorted(GPU_OBSERVED))
+def test_the_engine_check_agrees_with_a_real_gpu(
+    results: dict[str, EngineResult], name: str
+) -> None:
+    _, backend, block = GPU_OBSERVED[name]
+    result = results[f"h200/{name}"]
+    assert result.ok, result.summary()
+    assert (result.attention_backend, result.block_size) == (backend, block)
+    if name != "no-mtp":
+        assert result.draft_attention_backend == backend
 
 
 @pytest.mark.parametrize(("case", "stack"), sorted(FINDINGS))

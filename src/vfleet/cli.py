@@ -410,17 +410,33 @@ def cmd_model_make(a: argparse.Namespace) -> int:
 
 
 def cmd_check_args(a: argparse.Namespace) -> int:
-    from .vllm_check import check_launch
+    from dataclasses import asdict
+
+    from .vllm_check import check_launch, check_launch_engine
 
     launch = _launch(a)
-    result = check_launch(launch, python=a.python)
-    print(
-        json.dumps(result, indent=2)
-        if a.json
-        else f"vLLM {result['vllm']}: "
-        + ("accepted" if result["ok"] else f"REJECTED: {result['error']}")
-    )
-    return 0 if result["ok"] else 1
+    if a.syntax_only:
+        result = check_launch(launch, python=a.python)
+        print(
+            json.dumps(result, indent=2)
+            if a.json
+            else f"vLLM {result['vllm']}: "
+            + ("accepted" if result["ok"] else f"REJECTED: {result['error']}")
+        )
+        return 0 if result["ok"] else 1
+    engine = check_launch_engine(launch)
+    if a.json:
+        print(json.dumps(asdict(engine), indent=2, default=str))
+    elif engine.ok:
+        print(engine.summary())
+    else:
+        print(engine.summary(), file=sys.stderr)
+        print(
+            "  fix: change the setting or rule named above (vfleet explain shows each "
+            "argument's rule), or the stack (--set stack=...)",
+            file=sys.stderr,
+        )
+    return 0 if engine.ok else 2
 
 
 def cmd_prometheus_rules(a: argparse.Namespace) -> int:
@@ -497,11 +513,27 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_explain)
 
     c = sub.add_parser(
-        "check-args", help="parse the rendered config with the pinned vLLM's own argument parser"
+        "check-args",
+        help="run the rendered config through the pinned vLLM's own engine code (no GPU needed)",
+        description="Run the rendered config through the pinned vLLM version's own code as far "
+        "as it goes without a GPU: its argument parser, create_engine_config (model, cache, "
+        "parallel, scheduler, speculative and compilation configs) and the attention backend "
+        "selection for the model and its MTP draft, with the profile's GPU (compute capability, "
+        "memory, count) presented to vLLM's platform layer, the render's VLLM_*/VFLEET_* "
+        "environment set and vLLM's general plugins (the SM75 plugin) loaded. Exit 2 when vLLM "
+        "refuses, with its message and the vfleet rule that set the offending argument. "
+        "Needs `make tools`; docs/VLLM_VERSIONS.md says what runs for real and what is patched.",
     )
     _deployment_args(c)
-    c.add_argument("--python", help="python of a virtualenv with the pinned vLLM")
-    c.add_argument("--json", action="store_true")
+    c.add_argument(
+        "--syntax-only",
+        action="store_true",
+        help="only vLLM's argument parser and EngineArgs (exit 1 when it rejects)",
+    )
+    c.add_argument(
+        "--python", help="with --syntax-only: python of a virtualenv with the pinned vLLM"
+    )
+    c.add_argument("--json", action="store_true", help="machine-readable result")
     c.set_defaults(fn=cmd_check_args)
 
     pl = sub.add_parser(

@@ -63,6 +63,11 @@ def _make_parser() -> Any:
 
 
 def check(config_path: str) -> dict[str, Any]:
+    return parse(config_path)[0]
+
+
+def parse(config_path: str) -> tuple[dict[str, Any], Any]:
+    """(result, the parsed namespace or None): the namespace feeds the engine-level check."""
     import vllm
     import yaml
 
@@ -85,7 +90,7 @@ def check(config_path: str) -> dict[str, Any]:
             result["unknown_keys"].append(f"{key}: false (write no-{key}: true)")
     if result["unknown_keys"]:
         result["error"] = "keys vLLM does not accept: " + ", ".join(result["unknown_keys"])
-        return result
+        return result, None
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -96,14 +101,14 @@ def check(config_path: str) -> dict[str, Any]:
         start = next((i for i, line in enumerate(lines) if ": error:" in line), len(lines) - 1)
         detail = [ln.strip() for ln in lines[start:] if "errors.pydantic.dev" not in ln]
         result["error"] = " ".join(detail) or "argument parsing failed"
-        return result
+        return result, None
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         AsyncEngineArgs.from_cli_args(ns)
     except Exception as exc:  # vLLM's own validation of the parsed values
         result["error"] = f"{type(exc).__name__}: {exc}"
-        return result
+        return result, None
     for key in raw:
         dest = parser._option_string_actions[f"--{key}"].dest
         value = getattr(ns, dest, None)
@@ -113,7 +118,7 @@ def check(config_path: str) -> dict[str, Any]:
             value = repr(value)
         result["parsed"][key] = value
     result["ok"] = True
-    return result
+    return result, ns
 
 
 def main(argv: list[str] | None = None) -> int:

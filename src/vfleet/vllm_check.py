@@ -57,6 +57,19 @@ def parser_for(version: str) -> tuple[str, str | None]:
     )
 
 
+def _results_by_config(stdout: str) -> dict[str, dict[str, Any]]:
+    """The checker scripts print one JSON object per config; anything else is vLLM's noise."""
+    by_config: dict[str, dict[str, Any]] = {}
+    for line in stdout.splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(item, dict) and "config" in item:
+            by_config[item["config"]] = item
+    return by_config
+
+
 def check_configs(
     configs: list[Path], version: str, python: str | None = None
 ) -> list[dict[str, Any]]:
@@ -69,14 +82,7 @@ def check_configs(
         cmd += ["--source-dir", src, "--source-version", version]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
-    by_config: dict[str, dict[str, Any]] = {}
-    for line in proc.stdout.splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(item, dict) and "config" in item:
-            by_config[item["config"]] = item
+    by_config = _results_by_config(proc.stdout)
     results = []
     for config in configs:
         result = by_config.get(str(config)) or {
@@ -430,14 +436,7 @@ def _run_engine(runner: EngineRunner, jobs: Path, configs: list[str]) -> list[di
         os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore", VLLM_NO_USAGE_STATS="1"
     )
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=900)
-    by_config: dict[str, dict[str, Any]] = {}
-    for line in proc.stdout.splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(item, dict) and "config" in item:
-            by_config[item["config"]] = item
+    by_config = _results_by_config(proc.stdout)
     fallback = {"ok": False, "stage": "start", "error": (proc.stderr or proc.stdout)[-2000:]}
     return [by_config.get(c, fallback) for c in configs]
 

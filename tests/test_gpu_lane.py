@@ -222,3 +222,80 @@ def test_results_of_the_h200_run_parse() -> None:
 
 def test_lane_paths_are_inside_the_repo() -> None:
     assert Path(lane.REPO) == REPO
+
+
+SLEEP_LOG = """\
+(EngineCore pid=7) INFO 12-01 17:01:02 [gpu_worker.py:181] Sleep mode freed 127.95 GiB memory, 1.62 GiB memory is still in use.
+(EngineCore pid=7) INFO 12-01 17:01:09 [gpu_model_runner.py:5455] Reloading and processing weights took 0.84 seconds
+(EngineCore pid=7) INFO 12-01 17:01:12 [gpu_worker.py:181] Sleep mode freed 128.01 GiB memory, 1.60 GiB memory is still in use.
+(EngineCore pid=7) INFO 12-01 17:00:01 [plugin.py:80] vfleet-sm75 0.1.0 on vLLM 0.24.0: draft-prune=on (drafts from K=16384 of 32768 tokens)
+(APIServer pid=6) INFO 12-01 17:00:01 [plugin.py:80] vfleet-sm75 0.1.0 on vLLM 0.24.0: draft-prune=on (drafts from K=16384 of 32768 tokens)
+"""  # noqa: E501
+
+
+def test_parse_log_reads_each_sleep_the_reload_and_the_plugin_line() -> None:
+    t = lane.parse_log(SLEEP_LOG)
+    assert t.sleep_freed_gib == [127.95, 128.01]
+    assert t.sleep_in_use_gib == [1.62, 1.60]
+    assert t.reload_s == 0.84
+    # one line however many processes logged it
+    assert t.plugin_lines == [
+        "vfleet-sm75 0.1.0 on vLLM 0.24.0: draft-prune=on (drafts from K=16384 of 32768 tokens)"
+    ]
+
+
+def test_spread_is_median_and_range() -> None:
+    assert lane.Spread.of([3.0, 1.0, 2.0]) == lane.Spread(3, 2.0, 1.0, 3.0)
+    assert lane.Spread.of([4.0, 1.0, None, 2.0, 3.0]).median == 2.5
+    assert lane.Spread.of([None]).text() == "-"
+    assert lane.Spread.of([1.5]).text() == "1.50 s"
+
+
+def _cycle(
+    level: int, reload: bool, sleep_s: float, wake_s: float, same: bool
+) -> dict[str, object]:
+    return {
+        "level": level,
+        "reload": reload,
+        "mib_before": 132_000,
+        "mib_asleep": 2_000,
+        "sleep": {"status": 200, "seconds": sleep_s},
+        "wake_total_s": wake_s,
+        "first_request": {"ok": True, "ttft_s": 0.05},
+        "greedy_same": same,
+        "acceptance": 1.0 if same else 0.0,
+    }
+
+
+def test_sleep_rows_summarise_each_kind_beside_the_restarts() -> None:
+    rec = {
+        "name": "sleep",
+        "gpu_used_mib": 132_500,
+        "sleep": {
+            "cycles": [
+                _cycle(1, True, 0.5, 1.0, True),
+                _cycle(1, True, 0.7, 3.0, True),
+                _cycle(1, True, 0.6, 2.0, True),
+                _cycle(2, True, 0.1, 4.0, True),
+                _cycle(2, False, 0.1, 0.2, False),
+            ]
+        },
+        "restarts": [
+            {"stop_s": 2.0, "ready_s": 36.0, "to_first_token_s": 39.0, "first_request": {}},
+            {"stop_s": 2.2, "ready_s": 38.0, "to_first_token_s": 41.0},
+            {"stop_s": 2.1, "ready_s": None, "to_first_token_s": 900.0},
+        ],
+    }
+    rows = {r.what.split(" (")[0]: r for r in lane.sleep_rows(rec)}
+    one = rows["level 1 sleep + wake"]
+    assert (one.off_s.median, one.on_s.median, one.on_s.low, one.on_s.high) == (0.6, 2.0, 1.0, 3.0)
+    assert one.total_s.median == pytest.approx(0.6 + 2.0 + 0.05)
+    assert one.freed_mib.median == 130_000 and one.greedy_same is True
+    no_reload = rows["level 2 sleep + plain wake"]
+    assert no_reload.greedy_same is False and no_reload.acceptance == 0.0
+    # a restart that never got ready is not a figure
+    restart = rows["full restart"]
+    assert restart.on_s == lane.Spread(2, 37.0, 36.0, 38.0)
+    assert restart.total_s.median == 40.0 and restart.greedy_same is None
+    md = lane.sleep_md({"configs": [rec]})
+    assert md.count("| sleep |") == 4 and "| NO |" in md

@@ -484,3 +484,19 @@ def test_auto_memory_sets_kv_bytes_when_the_margin_covers_the_uncertainty(tmp_pa
     g = plan.gpu
     assert g is not None and plan.fits and not plan.warnings
     assert g.headroom_bytes >= int(65536 * MIB * 0.03) >= g.headroom_uncertainty_bytes
+
+
+def test_the_mtp_module_counts_as_weights_only_when_mtp_drafts() -> None:
+    # H200 lane, mid-hybrid-mtp (docs/GPU.md): vLLM logged "Model loading took 4.15 GiB" with
+    # MTP 3 and 3.71 GiB with speculative decoding off: the target model skips mtp.* and only
+    # the MTP drafter loads them.
+    base = ["max_model_len=4096"]
+    on = plan_launch(resolve("h200-141g", "mid-hybrid-mtp", sets=base)).gpu
+    off = plan_launch(
+        resolve("h200-141g", "mid-hybrid-mtp", sets=[*base, "speculative.method=none"])
+    ).gpu
+    assert on is not None and off is not None
+    assert round(on.weights_bytes / 2**30, 2) == 4.15
+    assert round(off.weights_bytes / 2**30, 2) == 3.71
+    # hidden 4096: attention 54,525,952 + MLP 3 x 4096 x 3072 x 4 + fc 2 x 4096^2 params, 2 B
+    assert on.weights_bytes - off.weights_bytes == 2 * (54_525_952 + 150_994_944 + 33_554_432)

@@ -328,3 +328,19 @@ def test_cpu_instances_bind_the_cores_they_are_given() -> None:
     assert env("cpu", "tiny-dense", "cpu_cores=1")["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert env("cpu", "tiny-dense", "cpu_cores=2-3")["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env("cpu", "tiny-dense")
+
+
+def test_sleep_mode_with_fp8_kv_on_a_hybrid_model_is_refused_before_0_27_1() -> None:
+    # vLLM 0.24.0's wake_up calls .zero_() on the GDN state lists (init_fp8_kv_scales) and the
+    # engine stays paused: seen on the H200 lane (docs/GPU.md); 0.27.1 zeroes list entries.
+    sleep = ["max_model_len=4096", "extra_args.enable-sleep-mode=true"]
+    with pytest.raises(Refused, match="wake_up fails on the GDN state") as exc:
+        resolve("h200-141g", "tiny-hybrid-mtp", sets=sleep)
+    assert "kv_cache_dtype auto" in exc.value.fix
+    # what the lane served and woke: bf16 KV on 0.24.0
+    ok = resolve("h200-141g", "tiny-hybrid-mtp", sets=[*sleep, "kv_cache_dtype=auto"])
+    assert ok.config_values()["enable-sleep-mode"] is True
+    # a dense model (no state lists) and a 0.27.1 stack keep fp8 KV with sleep mode
+    assert resolve("h200-141g", "tiny-dense", sets=sleep).config_values()["kv-cache-dtype"] == "fp8"
+    fixed = resolve("a100-32g", "qwen3.8-27b-awq-mtp", sets=sleep[1:])
+    assert fixed.config_values()["kv-cache-dtype"] == "fp8"

@@ -183,6 +183,10 @@ class MemInputs:
     vision_loaded: bool  # the vision tower's weights are on the GPU
     mm_profiled: bool  # vLLM runs the vision encoder in its profile (no --skip-mm-profiling)
     vllm: str
+    # The MTP module's weights are loaded only by the MTP drafter: with speculative decoding off
+    # (or another method) "Model loading took" leaves them out (H200 lane, mid-hybrid-mtp:
+    # 3.71 GiB without MTP, 4.15 GiB with it; docs/GPU.md).
+    mtp_loaded: bool = True
 
 
 def default_batched_tokens(card: CardMemory, gpu_model: str) -> int:
@@ -243,6 +247,8 @@ def gpu_terms(
     terms: list[Term] = []
 
     parts = weight_bytes(arch, preset.quantization, sm)
+    if not m.mtp_loaded:
+        parts.pop("mtp", None)
     weights = sum(v // tp for v in parts.values())
     vision = int(preset.unmodelled_weights_gib * GIB) // tp if m.vision_loaded else 0
     terms.append(
@@ -255,7 +261,9 @@ def gpu_terms(
             "gpu_model_runner.py load_model (logged: 'Model loading took X GiB memory'); "
             "shapes from the model's config, packing from the quantisation kernels "
             "(quant_bytes); +/-3%: which tensors stay 16-bit is read from one seed",
-            f"{sum(parts.values()) / GIB:.2f} GiB text model / TP {tp}"
+            f"{sum(parts.values()) / GIB:.2f} GiB text model"
+            + ("" if m.mtp_loaded or not arch.mtp_layers else " (MTP module not loaded)")
+            + f" / TP {tp}"
             + (f" + vision {preset.unmodelled_weights_gib:g} GiB / TP {tp}" if vision else ""),
         )
     )

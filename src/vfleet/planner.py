@@ -317,6 +317,8 @@ def memory_inputs(
         vision_loaded=not args.get("language-model-only"),
         mm_profiled=not args.get("skip-mm-profiling"),
         vllm=vllm,
+        mtp_loaded=isinstance(spec := args.get("speculative-config"), dict)
+        and spec.get("method") == "mtp",
     )
 
 

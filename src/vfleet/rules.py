@@ -24,6 +24,10 @@ from .vllm_versions import (
 
 # The first FlashInfer release with the SM75 fix (flashinfer PR 3526; plugin/README.md).
 FLASHINFER_SM75_FIX = "0.6.16"
+# Sleep mode's wake-up zeroes a quantised KV cache tensor by tensor; before 0.27.1 it calls
+# .zero_() on the GDN/Mamba layers' state lists and the wake fails, leaving the engine paused
+# (gpu_model_runner.py init_fp8_kv_scales; seen on the H200 lane with 0.24.0, docs/GPU.md).
+SLEEP_FP8_HYBRID_WAKE_FIXED_IN = "0.27.1"
 
 SEED_BOOST = "seeds/000 (2x 2080 Ti, vllm-boost, vLLM 0.27.1)"
 SEED_A100 = "seeds/001 (A100 32 GB, vLLM 0.27.1, pm2)"
@@ -1119,6 +1123,22 @@ def _overrides(c: Ctx) -> None:
             )
             del c.args[key]
         c.arg(key, value, "operator override (extra_args)")
+    sleep = (c.s.extra_args or {}).get("enable-sleep-mode")
+    kv = c.args.get("kv-cache-dtype")
+    if (
+        str(sleep).lower() == "true"
+        and kv is not None
+        and str(kv.value).startswith("fp8")
+        and c.model.arch.hybrid
+        and v(c.version) < v(SLEEP_FP8_HYBRID_WAKE_FIXED_IN)
+    ):
+        c.refuse(
+            f"enable-sleep-mode with {kv.value} KV on a hybrid model: vLLM {c.version}'s "
+            "wake_up fails on the GDN state (init_fp8_kv_scales) and leaves the engine paused",
+            "set kv_cache_dtype auto, or use a stack with vLLM >= "
+            + SLEEP_FP8_HYBRID_WAKE_FIXED_IN,
+            VLLM_SOURCE + "; docs/GPU.md (H200 lane)",
+        )
     for key, value in (c.s.extra_env or {}).items():
         if key == "VLLM_API_KEY":
             raise VfleetError(

@@ -142,9 +142,28 @@ RECORDS: tuple[StackRecord, ...] = (
                 f"hand-computed counter deltas of the same scrapes ({H200_RUN})",
             ),
             Claim(
-                "sleep mode, plugin, mid-size model",
+                "sleep mode",
+                Level.GPU,
+                "--enable-sleep-mode with bf16 KV, tiny and mid-size model, 3 cycles each: level 1 "
+                "sleep + wake 0.99 / 1.13 s to the first token (greedy identical), level 2 + "
+                "reload_weights 0.92 / 1.54 s (MTP acceptance 0 after it), full restart 36.7 / "
+                "41.2 s. With fp8 KV on a hybrid model 0.24.0's wake fails: rule "
+                f"operator-overrides refuses it ({H200_RUN})",
+            ),
+            Claim(
+                "mid-size model",
+                Level.GPU,
+                "mid-hybrid-mtp (4.2 GB, built on the machine in 42 s) served in 3 configurations: "
+                "page math exact, weights +0.04% (MTP on) / -0.10% (off), activation peak "
+                "-66% (404 MiB planned, 1.15 GiB logged). Its replies are noise (the tiny "
+                "model's wiring does not hold at hidden 4096), so MTP acceptance is 0 and "
+                f"greedy checks say little there ({H200_RUN})",
+            ),
+            Claim(
+                "plugin on 0.24.0",
                 Level.UNVERIFIED,
-                "not run: the device time of that session ran out (docs/GPU.md)",
+                "not run: the session's device time went to sleep mode and the mid-size model "
+                "(docs/GPU.md)",
             ),
         ),
     ),

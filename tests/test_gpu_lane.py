@@ -299,3 +299,31 @@ def test_sleep_rows_summarise_each_kind_beside_the_restarts() -> None:
     assert restart.total_s.median == 40.0 and restart.greedy_same is None
     md = lane.sleep_md({"configs": [rec]})
     assert md.count("| sleep |") == 4 and "| NO |" in md
+
+
+def test_sleep_runs_each_level_then_a_plain_level_2_and_stops_at_a_failed_wake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No server: the cycle itself is replaced, so only the order and the stop are checked here.
+    greedy = {"replies": [{"reasoning": "r", "content": "c"}], "spec": {}}
+    monkeypatch.setattr(lane, "run_greedy", lambda model: greedy)
+    calls: list[tuple[int, bool]] = []
+
+    def cycle(model: str, level: int, ref: object, reload: bool = True) -> dict[str, object]:
+        calls.append((level, reload))
+        return {"first_request": {"ok": True}}
+
+    monkeypatch.setattr(lane, "sleep_cycle", cycle)
+    out = lane.run_sleep("m", 2)
+    assert calls == [(1, True), (1, True), (2, True), (2, True), (2, False)]
+    assert len(out["cycles"]) == 5
+
+    # a failed wake leaves the engine paused: no further cycle is tried
+    calls.clear()
+
+    def failing(model: str, level: int, ref: object, reload: bool = True) -> dict[str, object]:
+        calls.append((level, reload))
+        return {"first_request": {"ok": len(calls) < 2}}
+
+    monkeypatch.setattr(lane, "sleep_cycle", failing)
+    assert len(lane.run_sleep("m", 3)["cycles"]) == 2 and calls == [(1, True), (1, True)]

@@ -11,6 +11,7 @@ from vfleet.profiles import list_models, list_profiles, load_model, load_profile
 
 PROFILES = ["2x2080ti-22g", "4x2080ti-22g", "a100-32g", "cpu", "h200-141g"]
 MODELS = [
+    "mid-hybrid-mtp",
     "qwen3.6-27b-awq-int4",
     "qwen3.6-27b-fp8",
     "qwen3.8-27b-awq-mtp",

@@ -29,6 +29,7 @@ from .render import (
     template_env,
     unit_name,
 )
+from .rules import API_KEY_ENV
 from .stacks import requirements
 
 
@@ -156,6 +157,9 @@ def plan(
         "server_module": launch.server_module,
         "log_file": h.log_file(inst),
         "secret_env": [e.key for e in launch.env if e.secret],
+        # The env names that may hold a secret in any release of the instance: write_release.py
+        # gives every kept release the current values (or none), so none keeps a replaced key.
+        "release_secret_env": sorted({*(e.key for e in launch.env if e.secret), API_KEY_ENV}),
         "pm2": {"bin": f"{h.base_dir}/pm2/node_modules/.bin/pm2", "home": f"{h.base_dir}/pm2/home"},
         "sets": sets,
     }

@@ -185,6 +185,10 @@ def _listen(c: Ctx) -> None:
     c.arg("port", port, "OpenAI-compatible API and /metrics")
 
 
+# The variable vLLM reads the API key from.
+API_KEY_ENV = "VLLM_API_KEY"
+
+
 @rule(
     "api-key-in-env",
     "vfleet security policy; vLLM source (envs.py reads VLLM_API_KEY)",
@@ -193,7 +197,7 @@ def _listen(c: Ctx) -> None:
 def _api_key(c: Ctx) -> None:
     if c.s.api_key is not None:
         c.setenv(
-            "VLLM_API_KEY",
+            API_KEY_ENV,
             c.s.api_key.get_secret_value(),
             "vLLM reads it when --api-key is absent; argv is visible to every user in ps",
             secret=True,
@@ -1120,7 +1124,7 @@ def _overrides(c: Ctx) -> None:
             del c.args[key]
         c.arg(key, value, "operator override (extra_args)")
     for key, value in (c.s.extra_env or {}).items():
-        if key == "VLLM_API_KEY":
+        if key == API_KEY_ENV:
             raise VfleetError(
                 "the API key does not belong in extra_env",
                 key="extra_env",

@@ -300,6 +300,9 @@ def playbook_argv(a: argparse.Namespace, serial: list[int | str]) -> list[str]:
     }
     if a.instance:
         extra["vfleet_instance"] = a.instance
+    if getattr(a, "api_key_file", None):
+        # The file's path, never the key: this argv is readable by every local user.
+        extra["vfleet_api_key_file"] = str(Path(a.api_key_file).resolve())
     if a.base_dir:
         extra["vfleet_base_dir"] = a.base_dir
     if a.balancer:
@@ -315,7 +318,12 @@ def playbook_argv(a: argparse.Namespace, serial: list[int | str]) -> list[str]:
 
 
 def host_namespace(
-    inventory: str, host: str, model: str | None, instance: str | None, base_dir: str | None = None
+    inventory: str,
+    host: str,
+    model: str | None,
+    instance: str | None,
+    base_dir: str | None = None,
+    api_key_file: str | None = None,
 ) -> argparse.Namespace:
     """What `vfleet doctor HOST` would be given: the host's instance as the inventory has it."""
     return argparse.Namespace(
@@ -328,10 +336,16 @@ def host_namespace(
         sets=None,
         base_dir=base_dir,
         profiles_dir=None,
+        api_key_file=api_key_file,
     )
 
 
-def _api_key(sets: list[str]) -> str | None:
+def _api_key(sets: list[str], api_key_file: str | None) -> str | None:
+    """The key the swapped instance will want: from its key file, else its settings."""
+    from .apikey import read_api_key_file
+
+    if api_key_file:
+        return read_api_key_file(api_key_file)
     keys = [s.split("=", 1)[1] for s in sets if s.startswith("api_key=")]
     return keys[-1] if keys else None
 
@@ -341,6 +355,14 @@ def cmd_swap(a: argparse.Namespace) -> int:
     from .doctor import _settings, host_plan
     from .remote import host_vars
 
+    if any(s.startswith("api_key=") for s in a.sets or []):
+        raise VfleetError(
+            "an API key on the command line is readable by every local user (ps) and would "
+            "be passed on in ansible-playbook's command line",
+            key="--set api_key",
+            fix="--api-key-file FILE (the key on one line, chmod 600), or api_key in the "
+            "inventory's vfleet_set from a vault variable",
+        )
     if not (profiles_dir() / "models" / f"{a.model}.yaml").exists():
         names = sorted(p.stem for p in (profiles_dir() / "models").glob("*.yaml"))
         raise VfleetError(
@@ -375,10 +397,11 @@ def cmd_swap(a: argparse.Namespace) -> int:
     try:
         for host in hosts:
             hv = host_vars(a.inventory, host)
-            here = host_namespace(a.inventory, host, None, a.instance, a.base_dir)
+            here = host_namespace(a.inventory, host, None, a.instance, a.base_dir, a.api_key_file)
             now, _ = host_plan(here, hv)
-            sets = list(_settings(here, hv)["sets"]) + list(a.sets or [])
-            ns = host_namespace(a.inventory, host, a.model, a.instance, a.base_dir)
+            settings = _settings(here, hv)
+            sets = list(settings["sets"]) + list(a.sets or [])
+            ns = host_namespace(a.inventory, host, a.model, a.instance, a.base_dir, a.api_key_file)
             ns.sets = sets
             new, _ = host_plan(ns, hv)
             if a.dry_run:
@@ -390,7 +413,7 @@ def cmd_swap(a: argparse.Namespace) -> int:
             report = HostReport(
                 host, url, str(new["served_model_name"]), Path(str(new["model_dir"])).name
             )
-            targets.append((report, _api_key(sets)))
+            targets.append((report, _api_key(sets, settings["api_key_file"])))
         if a.dry_run:
             print(" ".join(argv))
             for r, _key in targets:
@@ -463,7 +486,7 @@ def _run(a: argparse.Namespace, argv: list[str], targets: list[Target]) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .doctor import inventory_arg
+    from .doctor import api_key_file_arg, inventory_arg
 
     p = sub.add_parser(
         "swap",
@@ -482,8 +505,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         dest="sets",
         action="append",
         metavar="KEY=VALUE",
-        help="a setting for the new release, after each host's own vfleet_set (repeatable)",
+        help="a setting for the new release, after each host's own vfleet_set (repeatable; "
+        "never api_key: see --api-key-file)",
     )
+    api_key_file_arg(p)
     p.add_argument(
         "--serial",
         default=DEFAULT_SERIAL,

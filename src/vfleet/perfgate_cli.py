@@ -6,19 +6,24 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-from vfleet_healthcheck.perf_record import FIGURES, BenchShape, PerfFigures, PerfRecord
 
 from .errors import VfleetError
 from .perfgate import (
-    DEFAULT_SHAPE,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
+    DEFAULT_ROUNDS,
     DEFAULT_TOLERANCES,
+    FIGURES,
     LABELS,
     LOWER_IS_BETTER,
+    TOLERANCE_KEYS,
     MeasureError,
     Tolerances,
     Verdict,
@@ -26,7 +31,11 @@ from .perfgate import (
     measure,
     record_of,
     reference_for,
+    require,
 )
+
+if TYPE_CHECKING:
+    from vfleet_healthcheck.perf_record import BenchShape, PerfFigures, PerfRecord
 
 DESCRIPTION = """\
 The performance gate of `vfleet swap`: after a host's new release passed its health gates, a
@@ -63,7 +72,8 @@ NOISE_EPILOG = """\
 for each figure: the values, and the largest change in the worse direction between any two
 of the benches (speeds: (max - min) / max; TTFT: (max - min) / min). Two benches of one
 release are what the gate compares, so a tolerance below that would fail unchanged releases;
-"suggested" is 1.5 x that, rounded up to 5 points.
+"suggested" is 1.25 x that, rounded up to 5 points; for TTFT also the largest rise in
+seconds, whose 1.25 x (rounded up to 0.05 s) suggests ttft_slack_s.
 
 example:
   vfleet perf-gate noise --url :8000 --repeats 12
@@ -71,38 +81,40 @@ example:
 
 
 def _shape_args(p: argparse.ArgumentParser) -> None:
-    d = DEFAULT_SHAPE
     p.add_argument(
         "--concurrency",
         type=int,
-        default=d.concurrency,
+        default=DEFAULT_CONCURRENCY,
         metavar="N",
         help="simultaneous requests per round (default %(default)s)",
     )
     p.add_argument(
         "--rounds",
         type=int,
-        default=d.rounds,
+        default=DEFAULT_ROUNDS,
         metavar="N",
         help="rounds per bench (default %(default)s)",
     )
     p.add_argument(
         "--max-tokens",
         type=int,
-        default=d.max_tokens,
+        default=DEFAULT_MAX_TOKENS,
         metavar="N",
         help="tokens each request generates (default %(default)s)",
     )
     p.add_argument(
         "--prompt-tokens",
         type=int,
-        default=d.prompt_tokens,
+        default=DEFAULT_PROMPT_TOKENS,
         metavar="N",
         help="prompt size of each request (default %(default)s)",
     )
 
 
 def _shape(a: argparse.Namespace) -> BenchShape:
+    require()
+    from vfleet_healthcheck.perf_record import BenchShape
+
     shape = BenchShape(a.concurrency, a.rounds, a.max_tokens, a.prompt_tokens)
     for f in fields(BenchShape):
         if getattr(shape, f.name) < (2 if f.name == "max_tokens" else 1):
@@ -119,11 +131,11 @@ def parse_tolerances(items: list[str]) -> Tolerances:
             number = float(value)
         except ValueError:
             number = math.nan
-        if name not in FIGURES or not 0 <= number < 10:
+        if name not in TOLERANCE_KEYS or not 0 <= number < 10:
             raise VfleetError(
                 f"{item!r} is not FIGURE=FRACTION",
                 key="--tolerance",
-                fix=f"e.g. --tolerance output_tps=0.2; figures: {', '.join(FIGURES)}",
+                fix=f"e.g. --tolerance output_tps=0.2; keys: {', '.join(TOLERANCE_KEYS)}",
             )
         tol = replace(tol, **{name: number})
     return tol
@@ -163,6 +175,8 @@ def _previous(path: str | None) -> PerfRecord | None:
         raise VfleetError(f"cannot read it: {exc}", where=path, key="--previous") from None
     if not text.strip():
         return None
+    from vfleet_healthcheck.perf_record import PerfRecord
+
     try:
         return PerfRecord.from_json(text)
     except ValueError as exc:
@@ -232,35 +246,55 @@ def cmd_noise(a: argparse.Namespace) -> int:
             print(f"bench {i + 1}: {exc}", file=sys.stderr)
             return 1
         print(f"bench {i + 1}/{a.repeats}: {runs[-1]}", file=sys.stderr)
-    rows = []
-    for name in FIGURES:
-        values = [v for v in (getattr(r, name) for r in runs) if v is not None]
-        worst = _worst_change(name, values)
-        rows.append(
-            {
-                "figure": name,
-                "values": values,
-                "median": sorted(values)[len(values) // 2] if values else None,
-                "worst_change": worst,
-                "suggested": math.ceil(worst * 1.5 * 20) / 20 if worst is not None else None,
-                "default": DEFAULT_TOLERANCES.of(name),
-            }
-        )
+    rows = [noise_row(name, [getattr(r, name) for r in runs]) for name in FIGURES]
     if a.json:
-        print(json.dumps({"shape": asdict(shape), "benches": a.repeats, "figures": rows}, indent=2))
+        doc = {"shape": asdict(shape), "benches": a.repeats, "figures": [asdict(r) for r in rows]}
+        print(json.dumps(doc, indent=2))
         return 0
     print(
         f"{a.repeats} benches of {shape.rounds} rounds x {shape.concurrency} request(s) x "
         f"{shape.max_tokens} tokens"
     )
     for r in rows:
-        w, s = r["worst_change"], r["suggested"]
+        w, s = r.worst_change, r.suggested
+        rise = f" ({r.worst_rise_s:.3f} s)" if r.worst_rise_s is not None else ""
         print(
-            f"  {LABELS[str(r['figure'])]:<15} median {r['median']}  worst change "
-            f"{'-' if w is None else f'{w:.1%}'}  suggested {'-' if s is None else f'{s:.0%}'}"
-            f"  default {r['default']:.0%}"
+            f"  {LABELS[r.figure]:<15} median {r.median}  worst change "
+            f"{'-' if w is None else f'{w:.1%}'}{rise}  suggested "
+            f"{'-' if s is None else f'{s:.0%}'}  default {r.default:.0%}"
         )
     return 0
+
+
+@dataclass(frozen=True)
+class NoiseRow:
+    figure: str
+    values: list[float]
+    median: float | None
+    worst_change: float | None  # largest change in the worse direction between two benches
+    suggested: float | None  # worst_change x 1.25, rounded up to 5 points
+    worst_rise_s: float | None  # TTFT only: the largest rise in seconds
+    default: float
+
+
+def noise_row(name: str, measured: list[float | None]) -> NoiseRow:
+    values = [v for v in measured if v is not None]
+    worst = _worst_change(name, values)
+    return NoiseRow(
+        figure=name,
+        values=values,
+        median=statistics.median(values) if values else None,
+        worst_change=round(worst, 4) if worst is not None else None,
+        suggested=_up(worst * 1.25, 0.05) if worst is not None else None,
+        worst_rise_s=(
+            round(max(values) - min(values), 4) if values and name in LOWER_IS_BETTER else None
+        ),
+        default=DEFAULT_TOLERANCES.of(name),
+    )
+
+
+def _up(value: float, step: float) -> float:
+    return round(math.ceil(round(value / step, 6)) * step, 4)
 
 
 def _worst_change(name: str, values: list[float]) -> float | None:
@@ -322,7 +356,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="append",
         metavar="FIGURE=FRACTION",
         help="override a tolerance, e.g. output_tps=0.2 (defaults: "
-        + ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in FIGURES)
+        + ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in TOLERANCE_KEYS)
         + ")",
     )
     c.add_argument("--api-key-env", metavar="VAR", help="send the API key held in VAR")

@@ -37,7 +37,7 @@ from vfleet.swap import HostReport, report_text
 from .conftest import REPO
 
 DATA = json.loads((REPO / "tests/data/perfgate-noise-cpu.json").read_text())
-SPEC = '{"method": "mtp", "num_speculative_tokens": 3}'
+SPEC = "method=mtp,num_speculative_tokens=3"
 
 
 def shape(concurrency: int) -> BenchShape:

@@ -342,9 +342,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c.add_argument(
         "--speculative",
         default="",
-        metavar="JSON",
-        help="the release's --speculative-config ('' without one): acceptance and "
-        "tokens per step compare only when it is unchanged",
+        metavar="K=V,...",
+        help="the release's --speculative-config as sorted key=value pairs, e.g. "
+        "method=mtp,num_speculative_tokens=3 ('' without one): acceptance and tokens per step "
+        "compare only when it is unchanged",
     )
     c.add_argument(
         "--previous",

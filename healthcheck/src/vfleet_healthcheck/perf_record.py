@@ -50,8 +50,8 @@ class PerfRecord:
     measured_at: str  # UTC, ISO 8601
     shape: BenchShape
     figures: PerfFigures
-    # vLLM's --speculative-config as JSON ("" without one): acceptance and tokens per step
-    # compare only between releases that speculate alike.
+    # vLLM's --speculative-config as sorted key=value pairs ("" without one): acceptance and
+    # tokens per step compare only between releases that speculate alike.
     speculative: str = ""
     schema: int = SCHEMA
 

@@ -242,7 +242,8 @@ TEST_WORKERS ?= 2
 
 # Of the fleet tests (two systemd-nspawn hosts over SSH), `make test` runs those marked fleet_ci:
 # deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9, preflight,
-# and the four model swaps issue 7 asks CI to prove (docs/BENCHMARKS.md: CI). The crash loop,
+# the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a slower
+# release rolled back, an as-fast one kept; docs/BENCHMARKS.md: CI). The crash loop,
 # the rollback under systemd and the two-replica swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker (the run's exit status is pytest's).

@@ -133,14 +133,14 @@ class Verdict:
         if self.checks:
             rows = [("figure", "before", "after", "change", "tolerance", "result")]
             for c in self.checks:
-                sign = "+" if LOWER_IS_BETTER.isdisjoint({c.figure}) else "-"
+                worse_way = "+" if c.figure in LOWER_IS_BETTER else "-"
                 rows.append(
                     (
                         LABELS[c.figure],
                         _num(c.before),
                         _num(c.after),
                         f"{c.change:+.1%}" if c.change is not None else "-",
-                        f"{'-' if sign == '+' else '+'}{c.tolerance:.0%}",
+                        f"{worse_way}{c.tolerance:.0%}",
                         c.result + (f" ({c.note})" if c.note else ""),
                     )
                 )

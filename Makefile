@@ -11,6 +11,12 @@ MODEL   ?= tiny-hybrid-mtp
 INSTANCE ?= main
 # Extra settings, space separated key=value (e.g. SET='port=8001 max_model_len=2048').
 SET     ?=
+# The API key: a file holding it alone on one line, mode 0600. Only the path travels; a key on
+# a command line is readable by every local user in /proc (docs/SECURITY.md).
+API_KEY_FILE ?=
+ifneq ($(filter api_key=% api-key=%,$(SET)),)
+$(error SET holds api_key: a key on a command line is readable by every local user (ps) and would be passed on to ansible-playbook and pm2. Fix: printf %s KEY > FILE; chmod 600 FILE; then give API_KEY_FILE=FILE instead)
+endif
 PYTHON  ?= python3
 # Where vfleet lives on the host: /opt/vfleet as root, else under your home.
 BASE_DIR ?= $(if $(filter 0,$(shell id -u)),/opt/vfleet,$(HOME)/.local/share/vfleet)
@@ -40,7 +46,10 @@ ANSIBLE_VARS = -e vfleet_hosts=$(HOST) -e vfleet_prometheus_listen=$(PROMETHEUS)
 	$(call given,PROFILE,vfleet_profile) $(call given,MODEL,vfleet_model) \
 	$(call given,INSTANCE,vfleet_instance) $(call given,PYTHON,vfleet_python) \
 	$(if $(or $(filter localhost,$(HOST)),$(filter command line environment,$(origin BASE_DIR))),-e vfleet_base_dir=$(BASE_DIR)) \
-	$(if $(SET),-e '{"vfleet_set": [$(foreach s,$(SET),"$(s)",)]}')
+	$(if $(SET),-e '{"vfleet_set": [$(foreach s,$(SET),"$(s)",)]}') \
+	$(if $(API_KEY_FILE),-e vfleet_api_key_file=$(abspath $(API_KEY_FILE)))
+# The same file for the commands that render the instance as the deploy did.
+KEY_FILE_ARG = $(if $(API_KEY_FILE),--api-key-file $(abspath $(API_KEY_FILE)))
 
 .PHONY: help
 help: ## show this help
@@ -89,7 +98,7 @@ compose: venv ## render PROFILE x MODEL for docker compose into COMPOSE_OUT (MOD
 	  $(foreach s,$(SET),--set $(s)) --out $(COMPOSE_OUT)
 
 .PHONY: deploy
-deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine)
+deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine; API_KEY_FILE=file with the key)
 	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/deploy.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
 
 .PHONY: stop
@@ -106,18 +115,18 @@ swap: venv wheels ## move HOST (a host or group) to MODEL: canary first, gates, 
 	$(BIN)/vfleet swap $(HOST) --model $(MODEL) -i $(INVENTORY) \
 	  $(if $(filter command line environment,$(origin INSTANCE)),--instance $(INSTANCE)) \
 	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s)) \
-	  $(if $(SERIAL),--serial $(SERIAL))
+	  $(KEY_FILE_ARG) $(if $(SERIAL),--serial $(SERIAL))
 
 .PHONY: releases
 releases: venv ## the releases kept on HOST: current, previous, when, which model
 	$(BIN)/vfleet releases $(HOST) -i $(INVENTORY) --instance $(INSTANCE) \
-	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s))
+	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s)) $(KEY_FILE_ARG)
 
 .PHONY: doctor
 doctor: venv ## check HOST against what a deploy would put there: ok / warn / fail with fixes, drift
 	$(BIN)/vfleet doctor $(HOST) -i $(INVENTORY) $(if $(filter command line environment,$(origin PROFILE)),-p $(PROFILE)) \
 	  $(if $(filter command line environment,$(origin MODEL)),-m $(MODEL)) --instance $(INSTANCE) \
-	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s))
+	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s)) $(KEY_FILE_ARG)
 
 .PHONY: status
 status: venv ## what the local instances are doing: acceptance, tok/s, tokens/step, TTFT
@@ -242,7 +251,8 @@ TEST_WORKERS ?= 2
 
 # Of the fleet tests (two systemd-nspawn hosts over SSH), `make test` runs those marked fleet_ci:
 # deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9, preflight,
-# and the four model swaps issue 7 asks CI to prove (docs/BENCHMARKS.md: CI). The crash loop,
+# the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a slower
+# release rolled back, an as-fast one kept; docs/BENCHMARKS.md: CI). The crash loop,
 # the rollback under systemd and the two-replica swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker (the run's exit status is pytest's).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from vfleet.compile import resolve
 from vfleet.config import HostVars
 from vfleet.errors import Refused
-from vfleet.render import render_files
+from vfleet.render import release_id, render_files
 from vfleet.rules import RULES
 
 from .conftest import REPO, Result
@@ -242,6 +243,31 @@ def test_api_key_only_in_the_0600_env_file(tmp_path: Path) -> None:
         if name != "vllm.env":
             assert secret not in f.content, name
     assert "api-key" not in launch.config_values()
+
+
+def test_published_hashes_cannot_check_a_guessed_key() -> None:
+    """Issue 22, finding 3: release.json (0644) held the sha256 of vllm.env and the release id
+    (published on the sidecar's /metrics) was a hash over it: a guess of the key could be
+    checked offline. Both are now taken over the env file with the key's value redacted."""
+
+    def render(*sets: str) -> tuple[str, dict[str, str], str]:
+        files = render_files(resolve("cpu", "tiny-dense", sets=list(sets)))
+        by_name = {f.name: f.content for f in files}
+        return release_id(files), json.loads(by_name["release.json"])["files"], by_name["vllm.env"]
+
+    rid_a, hashes_a, env_a = render("api_key=sk-first-key-1")
+    rid_b, hashes_b, env_b = render("api_key=sk-other-key-2")
+    rid_none, _, _ = render()
+    digests = {hashlib.sha256(env.encode()).hexdigest() for env in (env_a, env_b)}
+    assert not digests & {*hashes_a.values(), *hashes_b.values(), rid_a, rid_b}
+    # The key's value is not an input of either: rotating it keeps the release (the role
+    # rewrites the env file in place); adding or removing a key is a new release.
+    assert env_a != env_b and hashes_a == hashes_b and rid_a == rid_b
+    assert rid_none != rid_a
+    assert (
+        hashes_a["vllm.env"]
+        == hashlib.sha256(env_a.replace("'sk-first-key-1'", "'<secret>'").encode()).hexdigest()
+    )
 
 
 def test_extra_args_override_with_a_warning() -> None:

@@ -92,3 +92,51 @@ def test_an_error_names_the_cause_and_never_the_content(tmp_path: Path) -> None:
     proc = run_writer(tmp_path / "absent" / "r")
     assert proc.returncode == 1 and proc.stdout == ""
     assert "No such file or directory" in proc.stderr and "secret" not in proc.stderr
+
+
+def test_a_new_key_reaches_every_kept_release_and_no_old_key_stays(tmp_path: Path) -> None:
+    """Issue 22, finding 3: a release that held a key kept it on disk after the key changed
+    (and a rollback to it would serve with the replaced key). The key is per instance: every
+    kept release gets the new key, or loses it where the instance now has none."""
+    releases = tmp_path / "releases"
+    releases.mkdir()
+
+    def env(key: str | None, port: int = 8000) -> list[dict[str, str]]:
+        text = f"# rule: x\nA='1'\n{f'VLLM_API_KEY={key!r}' + chr(10) if key else ''}B='{port}'\n"
+        return [{"name": "vllm.env", "content": text, "mode": "0600"}]
+
+    def deploy(rid: str, files: list[dict[str, str]]) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", WRITER.read_text()],
+            input=json.dumps(
+                {
+                    "dir": str(releases / rid),
+                    "files": files,
+                    "secrets": {"file": "vllm.env", "keys": ["VLLM_API_KEY"]},
+                }
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    def on_disk() -> dict[str, str]:
+        return {p.parent.name: p.read_text() for p in releases.glob("*/vllm.env")}
+
+    assert deploy("old", env("sk-old", 8000)) == "changed"
+    assert deploy("cur", env("sk-old", 9000)) == "changed"
+    assert deploy("cur", env("sk-old", 9000)) == "ok"  # nothing to do: nothing rewritten
+    # The key rotates: the same release (its id leaves the value out), rewritten in place.
+    assert deploy("cur", env("sk-new", 9000)) == "changed"
+    assert on_disk() == {
+        "old": env("sk-new", 8000)[0]["content"],
+        "cur": env("sk-new", 9000)[0]["content"],
+    }
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in releases.glob("*/vllm.env"))
+    # The key is removed (a new release): no kept release holds one.
+    assert deploy("open", env(None, 9000)) == "changed"
+    assert not any("VLLM_API_KEY" in text for text in on_disk().values())
+    assert on_disk()["old"] == env(None, 8000)[0]["content"]

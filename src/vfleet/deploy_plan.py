@@ -13,8 +13,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import __version__
+from .apikey import KEY as API_KEY_FILE_KEY
+from .apikey import read_api_key_file
 from .compile import Launch, resolve
 from .config import HostVars
+from .errors import VfleetError
 from .monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
 from .profiles import validation_error
 from .render import (
@@ -29,6 +32,7 @@ from .render import (
     template_env,
     unit_name,
 )
+from .rules import API_KEY_ENV
 from .stacks import requirements
 
 
@@ -65,8 +69,19 @@ def plan(
     profiles_dir: str | None = None,
     host_name: str = HostVars().name,
     gpu_topology: str = "",
+    api_key_file: str | None = None,
 ) -> dict[str, Any]:
     sets = list(sets or [])
+    if api_key_file:
+        if any(s.startswith("api_key=") for s in sets):
+            raise VfleetError(
+                "the API key is given twice: by a file and as api_key in the settings",
+                key=API_KEY_FILE_KEY,
+                fix="keep one: the file (API_KEY_FILE=...), or api_key in the inventory's "
+                "vfleet_set (a vault variable)",
+            )
+        # Read here, in the process that renders: the key never passes through an argv.
+        sets.append(f"api_key={read_api_key_file(api_key_file)}")
     if instance:
         sets.append(f"instance={instance}")
     try:
@@ -156,6 +171,9 @@ def plan(
         "server_module": launch.server_module,
         "log_file": h.log_file(inst),
         "secret_env": [e.key for e in launch.env if e.secret],
+        # The env names that may hold a secret in any release of the instance: write_release.py
+        # gives every kept release the current values (or none), so none keeps a replaced key.
+        "release_secret_env": sorted({*(e.key for e in launch.env if e.secret), API_KEY_ENV}),
         "pm2": {"bin": f"{h.base_dir}/pm2/node_modules/.bin/pm2", "home": f"{h.base_dir}/pm2/home"},
         "sets": sets,
     }

@@ -1282,6 +1282,7 @@ def _settings(a: argparse.Namespace, hv: dict[str, Any]) -> dict[str, Any]:
         "sets": shlex.split(sets) if isinstance(sets, str) else list(sets),
         "deployment": deployment,
         "profiles_dir": pick(a.profiles_dir, "vfleet_profiles_dir", None),
+        "api_key_file": pick(getattr(a, "api_key_file", None), "vfleet_api_key_file", None),
     }
 
 
@@ -1337,6 +1338,7 @@ def host_plan(
         profiles_dir=s["profiles_dir"],
         host_name=a.host,
         gpu_topology=gpu_topology,
+        api_key_file=s["api_key_file"],
     )
     return plan, str(s["python"])
 
@@ -1392,6 +1394,17 @@ def inventory_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def api_key_file_arg(p: argparse.ArgumentParser) -> None:
+    """--api-key-file: the key as the deploy had it, from a file, never on the command line."""
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="file holding the API key (one line, mode 0600), as `make deploy API_KEY_FILE=` "
+        "gave it (default: vfleet_api_key_file); never --set api_key=, which every local user "
+        "reads in ps",
+    )
+
+
 def host_args(p: argparse.ArgumentParser) -> None:
     """HOST and how its instance was deployed: shared by doctor, releases and rollback."""
     p.add_argument("host", metavar="HOST", help="inventory host name (e.g. localhost)")
@@ -1410,6 +1423,7 @@ def host_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a setting as the deploy had it (repeatable; replaces the host's vfleet_set)",
     )
+    api_key_file_arg(p)
     p.add_argument(
         "--base-dir",
         metavar="DIR",

@@ -30,11 +30,25 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MARKER = ".vfleet-render"
 
 
+# What stands for a secret's value wherever a file is hashed or published.
+REDACTED = "<secret>"
+
+
 @dataclass(frozen=True)
 class RenderedFile:
     name: str
     content: str
     mode: int
+    # The content with every secret value replaced by REDACTED, where the file holds secrets
+    # (vllm.env). Hashes (release.json, the release id) are taken over this text: both are
+    # published (0644 file, the sidecar's /metrics), and a hash over the key would let anyone
+    # check guesses of it offline.
+    redacted: str | None = None
+
+    @property
+    def public(self) -> str:
+        """The text a hash may be taken over: the content without its secrets."""
+        return self.content if self.redacted is None else self.redacted
 
 
 def template_env() -> jinja2.Environment:
@@ -80,7 +94,8 @@ def _yaml_entry(key: str, value: Any) -> str:
     return text.rstrip("\n")
 
 
-def context(launch: Launch) -> dict[str, Any]:
+def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
+    """The templates' variables; redact=True puts REDACTED in place of secret env values."""
     h = launch.host
     inst = launch.instance
     instance_dir = h.instance_dir(inst)
@@ -157,7 +172,7 @@ def context(launch: Launch) -> dict[str, Any]:
                 "rule": e.rule,
                 "reason": "secret" if e.secret else e.reason,
                 "key": e.key,
-                "quoted": shell_quote_env(e.key, str(e.value)),
+                "quoted": shell_quote_env(e.key, REDACTED if redact and e.secret else str(e.value)),
             }
             for e in launch.env
         ],
@@ -283,9 +298,11 @@ def release_manifest(launch: Launch, files: dict[str, str]) -> dict[str, Any]:
 def render_files(launch: Launch) -> list[RenderedFile]:
     env = template_env()
     ctx = context(launch)
+    env_file = env.get_template("vllm.env.j2")
+    redacted = {"vllm.env": env_file.render(context(launch, redact=True))}
     out: dict[str, tuple[str, int]] = {
         "vllm.yaml": (env.get_template("vllm.yaml.j2").render(ctx), 0o644),
-        "vllm.env": (env.get_template("vllm.env.j2").render(ctx), 0o600),
+        "vllm.env": (env_file.render(ctx), 0o600),
         "launch.sh": (env.get_template("launch.sh.j2").render(ctx), 0o755),
         unit_name(launch.instance): (env.get_template("vfleet-vllm.service.j2").render(ctx), 0o644),
         "ecosystem.config.js": (env.get_template("ecosystem.config.js.j2").render(ctx), 0o644),
@@ -298,17 +315,25 @@ def render_files(launch: Launch) -> list[RenderedFile]:
     }
     if launch.draft_vocab is not None:
         out[DRAFT_VOCAB_FILE] = (launch.draft_vocab, 0o644)
-    # The manifest hashes the other files (secrets included, as hashes only).
-    manifest = release_manifest(launch, {k: v[0] for k, v in out.items()})
+    # The manifest hashes the other files, the env file without its secrets' values.
+    manifest = release_manifest(launch, {k: redacted.get(k, v[0]) for k, v in out.items()})
     out["release.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644)
-    return [RenderedFile(name, text, mode) for name, (text, mode) in out.items()]
+    return [
+        RenderedFile(name, text, mode, redacted.get(name)) for name, (text, mode) in out.items()
+    ]
 
 
 def release_id(files: list[RenderedFile]) -> str:
-    """Content address of a release: same inputs, same id (so a redeploy changes nothing)."""
+    """Content address of a release: same inputs, same id (so a redeploy changes nothing).
+
+    Taken over the files without their secrets: the id is published (release folder names,
+    the `release` label of `vfleet_info` on the sidecar's /metrics), so it must not let anyone
+    check a guessed key. A new key alone keeps the id; the role then rewrites the env file in
+    place and restarts.
+    """
     h = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.name):
-        h.update(f.name.encode() + b"\0" + f.content.encode() + b"\0")
+        h.update(f.name.encode() + b"\0" + f.public.encode() + b"\0")
     return h.hexdigest()[:12]
 
 

@@ -189,6 +189,10 @@ def _listen(c: Ctx) -> None:
     c.arg("port", port, "OpenAI-compatible API and /metrics")
 
 
+# The variable vLLM reads the API key from.
+API_KEY_ENV = "VLLM_API_KEY"
+
+
 @rule(
     "api-key-in-env",
     "vfleet security policy; vLLM source (envs.py reads VLLM_API_KEY)",
@@ -197,7 +201,7 @@ def _listen(c: Ctx) -> None:
 def _api_key(c: Ctx) -> None:
     if c.s.api_key is not None:
         c.setenv(
-            "VLLM_API_KEY",
+            API_KEY_ENV,
             c.s.api_key.get_secret_value(),
             "vLLM reads it when --api-key is absent; argv is visible to every user in ps",
             secret=True,
@@ -1140,7 +1144,7 @@ def _overrides(c: Ctx) -> None:
             VLLM_SOURCE + "; docs/GPU.md (H200 lane)",
         )
     for key, value in (c.s.extra_env or {}).items():
-        if key == "VLLM_API_KEY":
+        if key == API_KEY_ENV:
             raise VfleetError(
                 "the API key does not belong in extra_env",
                 key="extra_env",

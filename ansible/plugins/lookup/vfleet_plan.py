@@ -28,6 +28,7 @@ options:
   profiles_dir: {description: profiles folder on the controller}
   host_name: {description: the host's inventory name}
   gpu_topology: {description: "`nvidia-smi topo -m` as read on the host (empty: not known)"}
+  api_key_file: {description: "file on the controller holding the API key (mode 0600; empty: none)"}
 """
 
 

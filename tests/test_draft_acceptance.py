@@ -26,10 +26,14 @@ from vfleet.tinymodels import (
     simulate_acceptance,
 )
 
-from .conftest import Result, require_tools
-from .vllm_server import VENVS, VllmServer, http
+from .conftest import REPO, Result, require_tools
+from .vllm_server import VENVS, Process, VllmServer, free_port, http, wait_http
 
 RATES = (0.8, 0.55, 0.3, 0.15)
+#: bench/mtp_depth.py's committed run on this model (docs/TUNE.md): the measured step-time table
+#: and the depth that measured fastest.
+BENCH = REPO / "bench" / "results" / "mtp-depth-cpu"
+EXPORTER = Path(sys.executable).with_name("vfleet-exporter")
 #: The design's tolerance: the builder keeps the shuffle closest to the rates at every depth.
 DESIGN_TOLERANCE = 0.05
 DEPTH = 4
@@ -108,6 +112,19 @@ def test_vllm_measures_the_designed_acceptance(tmp_path: Path) -> None:
     record = json.loads((model / "vfleet-model.json").read_text())["draft_acceptance"]
     assert record["rates"] == list(RATES) and record["max_error"] <= DESIGN_TOLERANCE
 
+    bench = json.loads((BENCH / "rows.json").read_text())
+    assert tuple(float(r) for r in bench["rates"].split(",")) == RATES
+    # The sidecar as a deploy renders it: the running depth and the instance's step-time table.
+    config = tmp_path / "sidecar.json"
+    config.write_text(
+        json.dumps(
+            {
+                "labels": {"host": "test", "vfleet_instance": "falling"},
+                "spec_decode": {"method": "mtp", "depth": DEPTH},
+                "step_times": str(BENCH / "step-times.json"),
+            }
+        )
+    )
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": DEPTH})
     server = VllmServer(
         "0.32.0",
@@ -117,8 +134,19 @@ def test_vllm_measures_the_designed_acceptance(tmp_path: Path) -> None:
         tmp_path / "vllm.log",
     )
     server.start()
+    sidecar_url = f"http://127.0.0.1:{free_port()}"
+    sidecar = Process(
+        [
+            *(str(EXPORTER), "--vllm-url", server.url, "--listen", sidecar_url[7:]),
+            *("--window", "3600", "--config", str(config)),
+        ],
+        tmp_path / "sidecar.log",
+    )
     try:
         server.wait_ready()
+        sidecar.start()
+        assert wait_http(f"{sidecar_url}/metrics", 30, sidecar.proc), sidecar.tail()
+        http(f"{sidecar_url}/metrics")  # the window's first sample: before any draft
         status, body = http(
             f"{server.url}/v1/chat/completions",
             {
@@ -133,7 +161,9 @@ def test_vllm_measures_the_designed_acceptance(tmp_path: Path) -> None:
         assert status == 200, body[:500]
         reply = json.loads(body)["choices"][0]["message"]["content"]
         metrics = server.metrics()
+        exported = http(f"{sidecar_url}/metrics")[1].decode()
     finally:
+        sidecar.stop()
         server.stop()
 
     # The target still says the script: the loop starts with the wired answer sentence.
@@ -160,3 +190,15 @@ def test_vllm_measures_the_designed_acceptance(tmp_path: Path) -> None:
         expected,
     )
     assert all(abs(m - r) <= DESIGN_TOLERANCE for m, r in zip(measured, RATES, strict=True))
+
+    # The sidecar's recommendation from this decode's live acceptance and the measured table is
+    # the depth the exhaustive measurement found fastest.
+    def gauge(name: str) -> float:
+        found = re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", exported, re.M)
+        assert found, f"{name} missing:\n{exported[-3000:]}"
+        return float(found[0])
+
+    assert "vfleet_spec_decode_recommendation_state{" in exported
+    assert 'state="ok"' in exported, exported[-3000:]
+    assert gauge("vfleet_spec_decode_running_depth") == DEPTH
+    assert gauge("vfleet_spec_decode_recommended_depth") == bench["best_depth"]

@@ -43,6 +43,7 @@ pytestmark = pytest.mark.e2e
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 EXPORTER = Path(sys.executable).with_name("vfleet-exporter")
+STEP_TIMES = REPO / "bench" / "results" / "mtp-depth-cpu" / "step-times.json"
 NGRAM = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prompt_lookup_min":1}'
 MTP = '{"method":"mtp","num_speculative_tokens":3}'
 PROMPTS = ["a b c a b c a b c a b c", "The quick brown fox", "1 2 3 1 2 3 1 2 3", "Hello"]
@@ -200,6 +201,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     "--timeout",
                     "8",
                     *[f"--label={k}={v}" for k, v in labels.items()],
+                    # The MTP server gets the measured CPU step-time table (docs/TUNE.md): its
+                    # random head accepts nothing, so the sidecar must recommend depth 0.
+                    *(("--step-times", str(STEP_TIMES)) if key == "hybrid" else ()),
                 ],
                 tmp / f"exporter-{key}.log",
             ).start()
@@ -419,13 +423,16 @@ def test_every_dashboard_panel_returns_data(stack: Stack, busy: Busy) -> None:
 def test_every_alert_expression_evaluates(stack: Stack, busy: Busy) -> None:
     rules = yaml.safe_load((REPO / "observability/prometheus/rules/vfleet.rules.yml").read_text())
     alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
-    assert len(alerts) == 8
+    assert len(alerts) == 9
     for rule in alerts:
         prom_query(stack.prom_url, rule["expr"])  # asserts status success
-    # The random MTP head accepts nothing: the collapse alert's condition holds right now.
-    collapse = next(r for r in alerts if r["alert"] == "VfleetSpecDecodeAcceptanceCollapse")
-    result = prom_query(stack.prom_url, collapse["expr"])["data"]["result"]
-    assert {s["metric"]["vfleet_instance"] for s in result} == {"hybrid"}
+    # The random MTP head accepts nothing: the collapse alert's condition holds right now, and
+    # so does the depth alert's (speculation off would decode faster; only the MTP server has a
+    # step-time table).
+    for name in ("VfleetSpecDecodeAcceptanceCollapse", "VfleetSpecDecodeDepthNotBest"):
+        rule = next(r for r in alerts if r["alert"] == name)
+        result = prom_query(stack.prom_url, rule["expr"])["data"]["result"]
+        assert {s["metric"]["vfleet_instance"] for s in result} == {"hybrid"}, name
 
 
 # --------------------------------------------------------------------------- restart

@@ -37,8 +37,8 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .bounded_http import DEFAULT_MAX_BYTES, RequestError, request
-from .perf_record import FILENAME, PerfRecord
 from .depth import STATES, Advice, StepTimesSource, advise
+from .perf_record import FILENAME, PerfRecord
 from .vllm_metrics import (
     DEFAULT_VERSION,
     Family,

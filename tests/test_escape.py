@@ -20,6 +20,7 @@ import pytest
 from vfleet.errors import VfleetError
 from vfleet.escape import (
     js_literal,
+    one_line,
     shell_word,
     systemd_command,
     systemd_path,
@@ -134,3 +135,12 @@ def test_a_unit_path_is_absolute_and_plain(value: str) -> None:
 def test_a_program_with_a_dollar_is_refused() -> None:
     with pytest.raises(VfleetError):
         systemd_command(["/opt/$x/bin/prog"])
+
+
+@pytest.mark.parametrize("value", ["a\nrm -rf /", "a\rb", "js\u2028code", "js\u2029code"], ids=repr)
+def test_a_comment_refuses_a_line_end(value: str) -> None:
+    # Comments in launch.sh, vllm.env, the units and ecosystem.config.js hold names: a line end
+    # there would start a command (sh), a directive (systemd) or code (JavaScript).
+    with pytest.raises(VfleetError):
+        one_line(value, key="instance")
+    assert one_line("main (tiny-hybrid-mtp on cpu)") == "main (tiny-hybrid-mtp on cpu)"

@@ -27,6 +27,16 @@ def _refuse(key: str, value: str, what: str, fix: str) -> VfleetError:
     return VfleetError(f"{value!r} {what}", key=key, fix=fix)
 
 
+def one_line(value: str, key: str = "comment") -> str:
+    """A value inside a comment of any rendered file: a line end would end the comment.
+
+    U+2028 and U+2029 end a line for JavaScript too.
+    """
+    if any(c in _CONTROL or c in "\u2028\u2029" for c in value):
+        raise _refuse(key, value, "holds a line end or control character", "use one plain line")
+    return value
+
+
 def systemd_value(value: str, key: str = "unit value") -> str:
     """A one-line unit setting (Description=, a path): `%` doubled, so no specifier expands.
 

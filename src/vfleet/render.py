@@ -23,7 +23,14 @@ import yaml
 from . import __version__
 from .compile import Launch
 from .errors import VfleetError
-from .escape import js_literal, shell_word, systemd_command, systemd_path, systemd_value
+from .escape import (
+    js_literal,
+    one_line,
+    shell_word,
+    systemd_command,
+    systemd_path,
+    systemd_value,
+)
 from .rules import CACHE_ENV, DRAFT_VOCAB_FILE, plugin_state_file
 from .warmup import warmup_plan
 
@@ -46,7 +53,9 @@ def template_env() -> jinja2.Environment:
         autoescape=False,
     )
     # Every value a template writes goes through its target's helper (src/vfleet/escape.py).
-    env.filters.update(systemd=systemd_value, systemd_path=systemd_path, sh=shell_word)
+    env.filters.update(
+        systemd=systemd_value, systemd_path=systemd_path, sh=shell_word, one_line=one_line
+    )
     return env
 
 
@@ -92,7 +101,7 @@ def context(launch: Launch) -> dict[str, Any]:
     cache = h.cache_dir(inst)
     start_timeout = launch.profile.start_timeout_s
     stop_timeout = int(launch.ctx.d.get("shutdown_timeout_s", 30)) + 30
-    header = (
+    header = one_line(
         f"# Rendered by vfleet {__version__}: profile {launch.profile.name}, model "
         f"{launch.model.name}, stack {launch.stack_name}. Do not edit: change the profile or "
         "deployment and render again."

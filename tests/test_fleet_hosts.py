@@ -22,9 +22,11 @@ for docs/BENCHMARKS.md.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -43,10 +45,12 @@ import pytest
 import yaml
 
 from vfleet.deploy_plan import plan
+from vfleet.escape import systemd_command
 from vfleet.rules import CACHE_ENV
 
 from . import loadgen, nspawn
 from .conftest import REPO, ansible_task_times, playbook_failure, require_tools
+from .test_escape import HOSTILE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
 
@@ -569,6 +573,10 @@ def test_api_key_is_nowhere_but_the_0600_env_file(fleet: Fleet) -> None:
     assert not problems, "\n".join(problems)
     units = fleet.nodes["node1"].host.run("cat /etc/systemd/system/vfleet-*@main.service").stdout
     assert "EnvironmentFile=" in units
+    node1 = fleet.nodes["node1"]
+    mode = node1.host.run("stat -c '%a %U' /opt/vfleet/instances/main/current/vllm.env").stdout
+    # Owned by the service user, which launch.sh runs as; readable by no one else.
+    assert mode.split() == ["600", plan("cpu", MODEL)["service_user"]]
 
 
 def doctor(fleet: Fleet, host: str, *args: str) -> tuple[int, dict[str, Any]]:
@@ -676,6 +684,59 @@ def test_bench_by_host_goes_through_an_ssh_tunnel(fleet: Fleet, tmp_path: Path) 
     result = json.loads((tmp_path / "bench" / "result.json").read_text())
     assert result["deployment"]["release"]["instance"] == "main"
     assert result["runs"][0]["completion_tokens"] == 16
+
+
+@pytest.mark.fleet_ci
+def test_services_run_unprivileged_and_units_read_back_exactly(fleet: Fleet) -> None:
+    """Issue 22: the units' hardening on a real systemd, and systemd's own reading of values."""
+    node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
+    user = plan("cpu", MODEL)["service_user"]
+    limits = {"vfleet-vllm@main.service": 3.5, "vfleet-sidecar@main.service": 2.0}
+    for unit, limit in limits.items():
+        pid = unit_show(node1, unit)["MainPID"]
+        # The main process and its children (vLLM's engine core) run as the service user.
+        users = node1.host.run(f"ps -o user= -p {pid} --ppid {pid}").stdout.split()
+        assert users and set(users) == {user}, (unit, users)
+        # The loaded unit as the running manager scores it (not the file: what systemd parsed).
+        out = node1.host.run(f"systemd-analyze security --no-pager {unit} 2>&1").stdout
+        found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)
+        assert found and float(found.group(1)) <= limit, out
+    # pm2 runs as root on node2 and starts both apps as the service user.
+    pm2 = "PM2_HOME=/opt/vfleet/pm2/home /opt/vfleet/pm2/node_modules/.bin/pm2"
+    apps = json.loads(node2.host.run(f"{pm2} jlist").stdout.strip().splitlines()[-1])
+    for app in apps:
+        who = node2.host.run(f"ps -o user= -p {app['pid']}").stdout.strip()
+        assert who == user, (app["name"], who)
+    # torch.compile (inductor: C++ generated, compiled by g++, loaded) under the vLLM unit's own
+    # user, environment and sandbox: the fleet serves eager, the filter must still allow JIT.
+    installed = node1.host.run("cat /etc/systemd/system/vfleet-vllm@main.service").stdout
+    service = installed.split("[Service]\n", 1)[1].split("\n[", 1)[0].split("\n")
+    how_it_starts = ("Type", "Exec", "Restart", "Timeout", "Kill", "SendSIGKILL", "Standard")
+    props = [p for p in service if re.match(r"[A-Z]\w+=", p) and not p.startswith(how_it_starts)]
+    jit = (
+        "import torch; f = torch.compile(lambda x: (x * 2).sin().sum()); "
+        "print(float(f(torch.ones(8))))"
+    )
+    run = node1.host.run(
+        "systemd-run --wait --pipe --quiet "
+        + " ".join(shlex.quote(f"--property={p}") for p in props)
+        + f" -- {plan('cpu', MODEL)['dirs']['venv']}/bin/python -c {shlex.quote(jit)}",
+        timeout=600,
+    )
+    assert abs(float(run.stdout.strip().splitlines()[-1]) - 8 * math.sin(2)) < 1e-4, run.stdout
+    # Every hostile word comes back from systemd as one argument, unchanged (escape.py).
+    script = "import json, sys; open('/run/vfleet-rt.json', 'w').write(json.dumps(sys.argv[1:]))"
+    unit = (
+        "[Service]\nType=oneshot\n"
+        f"ExecStart={systemd_command(['/usr/bin/python3', '-c', script, *HOSTILE])}\n"
+    )
+    encoded = base64.b64encode(unit.encode()).decode()
+    node1.host.run(
+        f"echo {encoded} | base64 -d > /run/systemd/system/vfleet-rt.service && "
+        "systemctl daemon-reload && systemctl start vfleet-rt.service"
+    )
+    assert json.loads(node1.host.run("cat /run/vfleet-rt.json").stdout) == HOSTILE
+    node1.host.run("rm /run/systemd/system/vfleet-rt.service && systemctl daemon-reload")
 
 
 @pytest.mark.fleet_ci

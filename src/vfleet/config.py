@@ -419,6 +419,9 @@ class HostVars(Strict):
     # decides from the real links); empty where nothing was read (a render on the control
     # machine, a host without nvidia-smi).
     gpu_topology: str = ""
+    # The system user vLLM and the sidecar run as (the role creates it where the deploy runs
+    # as root; an unprivileged pm2 deploy runs them as the deploying user instead).
+    service_user: str = Field("vfleet", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
 
     @field_validator("base_dir", "cuda_home")
     @classmethod

@@ -22,6 +22,7 @@ from .monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
 from .profiles import validation_error
 from .render import (
     context,
+    expected_unit_directives,
     local_host,
     pm2_name,
     probe_config,
@@ -149,6 +150,10 @@ def plan(
         "model_architecture": launch.model.arch.architecture,
         "files": [{"name": f.name, "content": f.content, "mode": f"{f.mode:04o}"} for f in files],
         "unit_name": unit_name(inst),
+        # What vfleet-verify-unit accepts in each unit: the template's directives, in order.
+        "unit_directives": " ".join(expected_unit_directives(launch, "vllm")),
+        # The system user both services run as where the deploy runs as root.
+        "service_user": h.service_user,
         "pm2_name": pm2_name(inst),
         "listen_host": launch.listen_host,
         "port": launch.port,
@@ -161,6 +166,7 @@ def plan(
             "url": f"http://{local_host(launch)}:{launch.ctx.d['sidecar_port']}",
             "pm2_name": sidecar_pm2_name(inst),
             "unit_name": sidecar_unit_name(inst),
+            "unit_directives": " ".join(expected_unit_directives(launch, "sidecar")),
         },
         "monitoring": scrape_target(launch),
         "logrotate": logrotate(launch),

@@ -15,6 +15,7 @@ from typing import Any
 from . import __version__
 from .compile import Launch
 from .config import Alerts
+from .escape import js_literal
 from .promrules import THRESHOLDS_HEADER, rules_yaml, threshold_rules, to_yaml
 from .render import RenderedFile, sidecar_config, template_env
 
@@ -95,7 +96,7 @@ def _pm2(prometheus_dir: str, listen: str, prometheus_bin: str, retention: str) 
     }
     return (
         f"// Rendered by vfleet {__version__}: pm2 ecosystem for the fleet's Prometheus.\n"
-        f"module.exports = {json.dumps({'apps': [app]}, indent=2)};\n"
+        f"module.exports = {js_literal({'apps': [app]})};\n"
     )
 
 

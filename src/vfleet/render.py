@@ -23,6 +23,14 @@ import yaml
 from . import __version__
 from .compile import Launch
 from .errors import VfleetError
+from .escape import (
+    js_literal,
+    one_line,
+    shell_word,
+    systemd_command,
+    systemd_path,
+    systemd_value,
+)
 from .rules import CACHE_ENV, DRAFT_VOCAB_FILE, plugin_state_file
 from .warmup import warmup_plan
 
@@ -52,12 +60,17 @@ class RenderedFile:
 
 
 def template_env() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    # Every value a template writes goes through its target's helper (src/vfleet/escape.py).
+    env.filters.update(
+        systemd=systemd_value, systemd_path=systemd_path, sh=shell_word, one_line=one_line
+    )
+    return env
 
 
 def shell_quote_env(key: str, value: str) -> str:
@@ -103,12 +116,12 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
     cache = h.cache_dir(inst)
     start_timeout = launch.profile.start_timeout_s
     stop_timeout = int(launch.ctx.d.get("shutdown_timeout_s", 30)) + 30
-    header = (
+    header = one_line(
         f"# Rendered by vfleet {__version__}: profile {launch.profile.name}, model "
         f"{launch.model.name}, stack {launch.stack_name}. Do not edit: change the profile or "
         "deployment and render again."
     )
-    probe = f"{launch.venv}/bin/vfleet-probe --config {current}/probe.json"
+    probe = [f"{launch.venv}/bin/vfleet-probe", "--config", f"{current}/probe.json"]
     sidecar = sidecar_config(launch)
     sidecar_argv = [
         f"{launch.venv}/bin/vfleet-exporter",
@@ -189,15 +202,24 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
         "home_dir": f"{instance_dir}/home",
         "gpu": launch.profile.accelerator.kind == "cuda",
         # ProtectSystem=strict: only these stay writable ('-': not an error if missing).
-        "writable_paths": [f"-{instance_dir}", f"-{cache}", f"-{h.base_dir}/logs"],
+        "writable_paths": [instance_dir, cache, f"{h.base_dir}/logs"],
         # A base dir under /home or /root (a non-root deploy) must stay reachable.
         "protect_home": "read-only" if _under_home(h.base_dir) else "yes",
-        "probe_command": probe,
-        "sidecar_command": " ".join(sidecar_argv),
+        # Exec*= lines, each word escaped for systemd. $MAINPID stays a live variable.
+        "prereqs_command": systemd_command([*probe, "--prereqs"]),
+        "ready_command": systemd_command(
+            [*probe, "--wait", str(start_timeout), "--warmup", "--pid"]
+        )
+        + " $MAINPID",
+        "launch_command": systemd_command([f"{current}/launch.sh"]),
+        "sidecar_command": systemd_command(sidecar_argv),
+        # The system user both units run as (pm2: when pm2 runs as root, ecosystem.config.js).
+        "service_user": h.service_user,
         "sidecar_log_file": h.sidecar_log_file(inst),
         "logs_dir": f"{h.base_dir}/logs",
         "vllm_unit": unit_name(inst),
-        "apps_json": json.dumps(apps, indent=2),
+        "apps_json": js_literal(apps),
+        "service_user_js": js_literal(h.service_user),
     }
 
 
@@ -299,6 +321,47 @@ def release_manifest(launch: Launch, files: dict[str, str]) -> dict[str, Any]:
     }
 
 
+UNIT_TEMPLATES = {"vllm": "vfleet-vllm.service.j2", "sidecar": "vfleet-sidecar.service.j2"}
+
+
+def unit_directives(text: str) -> list[str]:
+    """A unit's directives in order, as Section/Key (what vfleet-verify-unit reads the same way)."""
+    out, section = [], ""
+    # Only "\n" ends a line for systemd (str.splitlines would also split at U+2028).
+    for line in text.split("\n"):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        else:
+            out.append(f"{section}/{line.split('=', 1)[0].rstrip()}")
+    return out
+
+
+def _placeholder(value: Any) -> Any:
+    # Strings become a plain path (comments stay comments); flags, numbers and the shape of
+    # lists stay as they are.
+    if isinstance(value, str):
+        return "# x" if value.startswith("#") else "/x"
+    if isinstance(value, list):
+        return [_placeholder(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _placeholder(v) for k, v in value.items()}
+    return value
+
+
+def expected_unit_directives(launch: Launch, unit: str) -> list[str]:
+    """The directives the unit template produces for this launch, whatever its values hold.
+
+    The template is rendered with every string replaced by a harmless one, so a value that
+    smuggled a newline into the real unit cannot change this list (the role's unit
+    verification compares the two).
+    """
+    ctx = _placeholder(context(launch))
+    return unit_directives(template_env().get_template(UNIT_TEMPLATES[unit]).render(ctx))
+
+
 def render_files(launch: Launch) -> list[RenderedFile]:
     env = template_env()
     ctx = context(launch)
@@ -308,12 +371,15 @@ def render_files(launch: Launch) -> list[RenderedFile]:
         "vllm.yaml": (env.get_template("vllm.yaml.j2").render(ctx), 0o644),
         "vllm.env": (env_file.render(ctx), 0o600),
         "launch.sh": (env.get_template("launch.sh.j2").render(ctx), 0o755),
-        unit_name(launch.instance): (env.get_template("vfleet-vllm.service.j2").render(ctx), 0o644),
+        unit_name(launch.instance): (
+            env.get_template(UNIT_TEMPLATES["vllm"]).render(ctx),
+            0o644,
+        ),
         "ecosystem.config.js": (env.get_template("ecosystem.config.js.j2").render(ctx), 0o644),
         "probe.json": (json.dumps(probe_config(launch), indent=2) + "\n", 0o644),
         "sidecar.json": (json.dumps(sidecar_config(launch), indent=2) + "\n", 0o644),
         sidecar_unit_name(launch.instance): (
-            env.get_template("vfleet-sidecar.service.j2").render(ctx),
+            env.get_template(UNIT_TEMPLATES["sidecar"]).render(ctx),
             0o644,
         ),
     }

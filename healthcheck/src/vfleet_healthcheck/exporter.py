@@ -189,7 +189,9 @@ class Identity:
         perf = None
         if real.parent.parent.name == "releases":
             info.setdefault("release", real.parent.name)
-            perf = real.parent / FILENAME
+            # Through `current`, not the resolved folder: a swap that leaves the sidecar's
+            # unit unchanged does not restart it, and it must then show the new release's.
+            perf = path.parent / FILENAME
         state = data.get("plugin_state")
         return cls(labels, info, Path(state) if isinstance(state, str) and state else None, perf)
 

@@ -228,6 +228,30 @@ def test_sidecar_exports_the_release_figures_even_with_vllm_down(tmp_path: Path)
     assert "vfleet_release_" not in generate_latest(registry).decode()  # bad file: skipped
 
 
+def test_sidecar_follows_current_to_the_new_releases_figures(tmp_path: Path) -> None:
+    """Started on current/sidecar.json: when a swap moves `current` without restarting the
+    sidecar (its unit did not change), the gauges are the new release's (seen on the fleet)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from vfleet_healthcheck.exporter import Identity, VllmCollector
+
+    releases = tmp_path / "releases"
+    for rid, speed in (("aaaaaaaaaaaa", 100.0), ("bbbbbbbbbbbb", 200.0)):
+        (releases / rid).mkdir(parents=True)
+        (releases / rid / "sidecar.json").write_text('{"labels": {"host": "box1"}}')
+        rec = PerfRecord(rid, "m", "2026-12-01T00:00:00Z", shape(1), PerfFigures(output_tps=speed))
+        (releases / rid / "perf.json").write_text(rec.to_json())
+    current = tmp_path / "current"
+    current.symlink_to(releases / "aaaaaaaaaaaa")
+    ident = Identity.from_file(current / "sidecar.json")
+    collector = VllmCollector(f"http://127.0.0.1:{free_port()}", identity=ident, timeout=1)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    assert 'release="aaaaaaaaaaaa"} 100.0' in generate_latest(registry).decode()
+    current.unlink()
+    current.symlink_to(releases / "bbbbbbbbbbbb")
+    assert 'release="bbbbbbbbbbbb"} 200.0' in generate_latest(registry).decode()
+
+
 def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "vfleet.cli", *args],

@@ -192,7 +192,9 @@ class Identity:
         perf = None
         if real.parent.parent.name == "releases":
             info.setdefault("release", real.parent.name)
-            perf = real.parent / FILENAME
+            # Through `current`, not the resolved folder: a swap that leaves the sidecar's
+            # unit unchanged does not restart it, and it must then show the new release's.
+            perf = path.parent / FILENAME
         state = data.get("plugin_state")
         spec = data.get("spec_decode")
         depth = spec.get("depth") if isinstance(spec, dict) else None

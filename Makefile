@@ -42,9 +42,14 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg
 # inventory's host and group variables decide, then the role's defaults. The control machine
 # itself (HOST=localhost) always gets BASE_DIR, which `make status` reads too.
 given = $(if $(filter command line environment,$(origin $(1))),-e $(2)=$($(1)))
+# As root, the role runs vLLM as the service user, which cannot use a Python under /root
+# (root's pyenv, first on this machine's PATH): the control machine's own deploy takes python3
+# from the system folders unless PYTHON is given. Other hosts: the inventory's vfleet_python.
+LOCAL_PYTHON = $(shell PATH=/usr/local/bin:/usr/bin:/bin command -v python3)
+HOST_PYTHON_VAR = $(if $(filter command line environment,$(origin PYTHON)),-e vfleet_python=$(PYTHON),$(if $(and $(filter localhost,$(HOST)),$(LOCAL_PYTHON)),-e vfleet_python=$(LOCAL_PYTHON)))
 ANSIBLE_VARS = -e vfleet_hosts=$(HOST) -e vfleet_prometheus_listen=$(PROMETHEUS) \
 	$(call given,PROFILE,vfleet_profile) $(call given,MODEL,vfleet_model) \
-	$(call given,INSTANCE,vfleet_instance) $(call given,PYTHON,vfleet_python) \
+	$(call given,INSTANCE,vfleet_instance) $(HOST_PYTHON_VAR) \
 	$(if $(or $(filter localhost,$(HOST)),$(filter command line environment,$(origin BASE_DIR))),-e vfleet_base_dir=$(BASE_DIR)) \
 	$(if $(SET),-e '{"vfleet_set": [$(foreach s,$(SET),"$(s)",)]}') \
 	$(if $(API_KEY_FILE),-e vfleet_api_key_file=$(abspath $(API_KEY_FILE)))

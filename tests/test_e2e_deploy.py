@@ -59,12 +59,6 @@ def _with_wheelhouse(args: tuple[str, ...]) -> list[str]:
     return [*rest, f"ANSIBLE_ARGS={ansible_args}"]
 
 
-# vLLM runs as the unprivileged service user, so the venv's Python must be reachable without
-# root (the role's preflight refuses one that is not, such as root's pyenv): the system's Python
-# of the stack's version where there is one.
-SYSTEM_PYTHON = shutil.which(f"python{_CPU.python}", path="/usr/local/bin:/usr/bin:/bin")
-
-
 def make(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     env.update(ansible_task_times(BASE / "task-times"))
@@ -74,7 +68,6 @@ def make(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
             "--no-print-directory",
             *_with_wheelhouse(args),
             f"BASE_DIR={BASE}",
-            *([f"PYTHON={SYSTEM_PYTHON}"] if SYSTEM_PYTHON else []),
             f"PROMETHEUS={PROMETHEUS}",
         ],
         cwd=REPO,

@@ -387,10 +387,12 @@ def finish(
     old = read_tuned(t.inventory, a.host)
     new = merged_sets(old, winner.sets) if winner else old
     changed = new != old and not a.no_rollout
-    doc["overrides"] = {"before": mask(old), "after": mask(new), "written": changed}
+    # The table beside the overrides is refreshed by every run that found a best candidate.
+    write = winner is not None and not a.no_rollout
+    doc["overrides"] = {"before": mask(old), "after": mask(new), "written": write}
     written = write_report(out_dir, doc, state, objective, winner)
     print("\n".join(table(state, objective, winner)))
-    if changed:
+    if write:
         header = (
             f"Written by `{doc['command']}` at "
             f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}.\n"
@@ -411,7 +413,7 @@ def finish(
     print(f"tune: {what} through vfleet swap", file=sys.stderr, flush=True)
     rc, said = swap(t, [], out_dir / SWAP_LOG, balancer)
     print(f"tune: {a.host}: {said}", file=sys.stderr)
-    if rc != 0 and changed:
+    if rc != 0 and write:
         # The gates refused the winner: the inventory must not say otherwise.
         restore = old
         write_overrides(t.inventory, a.host, restore, "Restored: the tuned rollout failed.", "")

@@ -369,6 +369,26 @@ def _has_torch(python: str) -> bool:
     return r.returncode == 0
 
 
+def _check_draft_acceptance(a: argparse.Namespace, generator: str) -> None:
+    from .tinymodels import TinyModelError, parse_draft_acceptance
+
+    if generator != "tiny-hybrid-mtp" or a.unwired:
+        raise VfleetError(
+            f"--draft-acceptance shapes the MTP head of tiny-hybrid-mtp, not {a.name}"
+            + (" --unwired" if a.unwired else ""),
+            key="--draft-acceptance",
+            fix="build tiny-hybrid-mtp (wired) with it, or leave it out",
+        )
+    try:
+        parse_draft_acceptance(a.draft_acceptance)
+    except TinyModelError as exc:
+        raise VfleetError(
+            str(exc),
+            key="--draft-acceptance",
+            fix="give 1..8 non-increasing rates in [0, 1], e.g. 0.8,0.55,0.3,0.15",
+        ) from None
+
+
 def cmd_model_make(a: argparse.Namespace) -> int:
     preset = load_model(a.name, profiles_dir(a.profiles_dir))
     gen = preset.source.generator
@@ -379,6 +399,8 @@ def cmd_model_make(a: argparse.Namespace) -> int:
             key="name",
             fix="vfleet model make builds only tiny-dense and tiny-hybrid-mtp",
         )
+    if a.draft_acceptance is not None:
+        _check_draft_acceptance(a, gen)
     dest = Path(a.dir)
     if dest.exists() and any(dest.iterdir()) and not a.force:
         raise VfleetError(
@@ -404,6 +426,8 @@ def cmd_model_make(a: argparse.Namespace) -> int:
             cmd.append("--force")
         if a.unwired:
             cmd.append("--unwired")
+        if a.draft_acceptance:
+            cmd += ["--draft-acceptance", a.draft_acceptance]
         rc = subprocess.run(cmd, check=False).returncode
     finally:
         os.unlink(arch_json)
@@ -600,6 +624,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep every weight random: answers are noise and the MTP head's drafts are "
         "rejected (acceptance ~0%%), the case an acceptance-collapse alert must catch",
+    )
+    mm.add_argument(
+        "--draft-acceptance",
+        metavar="R1,R2,...",
+        help="tiny-hybrid-mtp: make the MTP head's acceptance fall with draft position by "
+        "construction; the rates are unconditional, as vLLM's per-position counters give "
+        "them (accepted at position i / drafts), e.g. 0.8,0.55,0.3,0.15; positions beyond "
+        "the list are never accepted (docs/TUNE.md, The test model)",
     )
     mm.set_defaults(fn=cmd_model_make)
 

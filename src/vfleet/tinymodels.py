@@ -13,7 +13,10 @@ wired so that greedy decoding follows a fixed script with a wide logit margin (s
 the output is readable, identical with and without speculative decoding (bf16 kernel noise
 cannot flip a choice), and speculation has something to accept (ngram and MTP alike). With
 ``--unwired`` nothing is wired: the answers are noise and MTP drafts are rejected (acceptance
-near 0%), which is what an acceptance-collapse alert must see.
+near 0%), which is what an acceptance-collapse alert must see. With ``--draft-acceptance
+R1,R2,...`` the MTP head's draft acceptance falls with the draft position by construction (see
+:func:`design_draft_acceptance`): the reply loop is longer and the head knows which draft
+position it is writing, so the best MTP depth is a matter of measurement, not "deeper is better".
 
 Each model gets a byte-level BPE tokenizer trained on a small built-in English + Chinese corpus,
 a Qwen-style chat template (with ``enable_thinking``) and a manifest ``vfleet-model.json``
@@ -38,7 +41,8 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +50,14 @@ __all__ = [
     "BUILDER_VERSION",
     "GENERATORS",
     "MANIFEST_NAME",
+    "DraftDesign",
     "TinyModelError",
     "build",
+    "design_draft_acceptance",
     "main",
     "manifest_matches",
+    "parse_draft_acceptance",
+    "simulate_acceptance",
 ]
 
 #: Bump when the output of a generator changes for the same inputs (the manifest records it).
@@ -395,22 +403,179 @@ def _save_tokenizer(tokenizer: Any, out: Path, max_len: int) -> dict[str, int]:
     return {t: int(i) for t, i in ids.items()}
 
 
-def _script_chain(tokenizer: Any) -> dict[int, int]:
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _reply_loop(tokenizer: Any, falling: bool) -> list[int]:
+    """The token ids the reply repeats: the answer sentence (then, for the falling model,
+    _FALLING_LOOP_EXTRA more distinct word tokens)."""
+    answer = _ids(tokenizer, _SCRIPT_ANSWER)
+    if not falling:
+        return answer
+    taken = {i for piece in _SCRIPT for i in _ids(tokenizer, piece)} | set(answer)
+    return answer + _falling_extra(tokenizer, taken)
+
+
+def _script_chain(tokenizer: Any, loop: Sequence[int]) -> dict[int, int]:
     """Map token id -> the scripted next token id (see ``_SCRIPT``).
 
     Built from the token sequence of the script, first assignment wins (a token that comes
-    back later in the script keeps its first successor); the answer sentence loops onto itself.
+    back later in the script keeps its first successor); the reply ``loop`` loops onto itself.
     """
-
-    def ids(text: str) -> list[int]:
-        return list(tokenizer.encode(text, add_special_tokens=False).ids)
-
-    answer = ids(_SCRIPT_ANSWER)
-    sequence = [i for piece in _SCRIPT for i in ids(piece)] + answer + answer[:1]
+    sequence = [i for piece in _SCRIPT for i in _ids(tokenizer, piece)] + [*loop, loop[0]]
     chain: dict[int, int] = {}
     for current, following in itertools.pairwise(sequence):
         chain.setdefault(current, following)
     return chain
+
+
+# --------------------------------------------------------------------------------------------
+# falling draft acceptance (--draft-acceptance)
+#
+# vLLM's Qwen3-Next MTP head drafts position 1 from the target's hidden state and positions 2..k
+# from its own output, one step at a time, and vLLM counts per position how many drafts were
+# accepted. The falling model gives the head a position counter in the hidden state: a few
+# reserved hidden dimensions hold a one-hot "flag" for the draft position (written by mtp.fc:
+# position 1 from a constant embedding dimension, position j+1 from position j's flag in the
+# head's own output). The LM head row of each loop token gets a large negative weight on the
+# flags of the positions where that token is "suppressed", and one garbage token gets a positive
+# weight on every flag; so at a suppressed (token, position) the head drafts the garbage token,
+# which the target rejects. The target's hidden state has no flag (its embeddings are zero
+# there), so its greedy output is the same script as without the design.
+#
+# Which tokens are suppressed where: the designed rates are unconditional, as vLLM counts them
+# (accepted at position i / drafts), so position j keeps R_j / R_{j-1} of the loop's tokens.
+# Each step of a decode starts just after the tokens the previous step examined, so with
+# suppression spread at random over a long loop the rates do not depend on the running depth
+# (a renewal process). The loop is finite and the decode deterministic, so the builder tries
+# _DESIGN_SALTS shuffles and keeps the one whose exact simulation (simulate_acceptance) is
+# closest to the design at every depth 1..len(rates).
+
+#: Distinct word tokens after the answer sentence in the falling model's reply loop: a longer
+#: loop gives the rates finer steps (1/L) and more decode steps to average over.
+_FALLING_LOOP_EXTRA = 90
+#: Most draft positions a design may name (these models run MTP depth 1..5).
+MAX_DRAFT_POSITIONS = 8
+#: Shuffles tried when choosing the suppressed (token, position) pairs.
+_DESIGN_SALTS = 2000
+#: Tokens per request in the design's simulation: the bench's decode default.
+DESIGN_TOKENS = 800
+
+
+@dataclass(frozen=True)
+class DraftDesign:
+    """Which loop token the MTP head never drafts at which position, and how close it comes."""
+
+    rates: tuple[float, ...]  # designed unconditional acceptance, position 1 first
+    loop: tuple[int, ...]  # the reply loop's token ids (the reply starts at loop[0])
+    suppressed: Mapping[int, frozenset[int]]  # token id -> 1-based positions never drafted
+    salt: int
+    error: float  # max |simulated - designed|, depths 1..len(rates), positions <= depth
+
+
+def parse_draft_acceptance(text: str) -> tuple[float, ...]:
+    """``"0.8,0.55,0.3,0.15"`` -> rates; each in [0, 1], non-increasing, at most 8."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or len(parts) > MAX_DRAFT_POSITIONS:
+        raise TinyModelError(
+            f"--draft-acceptance needs 1..{MAX_DRAFT_POSITIONS} comma-separated rates, got {text!r}"
+        )
+    rates: list[float] = []
+    for part in parts:
+        try:
+            rate = float(part)
+        except ValueError:
+            raise TinyModelError(f"--draft-acceptance: {part!r} is not a number") from None
+        if not 0.0 <= rate <= 1.0:
+            raise TinyModelError(f"--draft-acceptance: {part} is not a rate in [0, 1]")
+        if rates and rate > rates[-1]:
+            raise TinyModelError(
+                "--draft-acceptance rates are unconditional (accepted at position i / drafts), "
+                f"so they cannot rise with position: {rates[-1]} then {rate}"
+            )
+        rates.append(rate)
+    return tuple(rates)
+
+
+def simulate_acceptance(
+    loop: Sequence[int],
+    suppressed: Mapping[int, frozenset[int]],
+    positions: int,
+    depth: int,
+    tokens: int = DESIGN_TOKENS,
+) -> tuple[float, ...]:
+    """Per-position acceptance a greedy decode of ``tokens`` tokens shows at MTP ``depth``.
+
+    The reply is loop[0], loop[1], ... (repeating). Each step drafts ``depth`` tokens after the
+    last verified one; the draft at position j is right unless j > ``positions`` or the token
+    it should draft is suppressed at j; the step keeps the right drafts up to the first wrong
+    one plus one token from the target. Returns accepted-at-position-i / steps, as vLLM counts.
+    """
+    size = len(loop)
+    accepted = [0] * depth
+    steps, last, produced = 0, 0, 1  # the first token comes from the prefill
+    while produced < tokens:
+        run = 0
+        while run < depth:
+            j = run + 1
+            if j > positions or j in suppressed.get(loop[(last + j) % size], frozenset()):
+                break
+            run = j
+        steps += 1
+        for i in range(run):
+            accepted[i] += 1
+        last += run + 1
+        produced += run + 1
+    return tuple(a / steps for a in accepted)
+
+
+def design_draft_acceptance(
+    loop: Sequence[int], rates: Sequence[float], seed: int = 0
+) -> DraftDesign:
+    """Choose the suppressed (token, position) pairs whose decode comes closest to ``rates``."""
+    designed = tuple(float(r) for r in rates)
+    kept = [1.0 if i == 0 else 0.0 for i in range(len(designed))]
+    for j, rate in enumerate(designed):
+        before = designed[j - 1] if j else 1.0
+        kept[j] = rate / before if before > 0 else 0.0
+    best: DraftDesign | None = None
+    for salt in range(_DESIGN_SALTS):
+        rng = random.Random(f"vfleet-draft-acceptance:{seed}:{salt}")
+        table: dict[int, set[int]] = {token: set() for token in loop}
+        for j, fraction in enumerate(kept, start=1):
+            order = list(loop)
+            rng.shuffle(order)
+            for token in order[round(fraction * len(order)) :]:
+                table[token].add(j)
+        frozen = {token: frozenset(js) for token, js in table.items()}
+        error = 0.0
+        for depth in range(1, len(designed) + 1):
+            got = simulate_acceptance(loop, frozen, len(designed), depth)
+            error = max(error, *(abs(g - r) for g, r in zip(got, designed, strict=False)))
+        if best is None or error < best.error:
+            best = DraftDesign(designed, tuple(loop), frozen, salt, error)
+    assert best is not None  # _DESIGN_SALTS > 0
+    return best
+
+
+def _is_word(text: str) -> bool:
+    return len(text) >= 2 and text.isascii() and text.isalpha()
+
+
+def _falling_extra(tokenizer: Any, taken: set[int]) -> list[int]:
+    """_FALLING_LOOP_EXTRA distinct whole-word tokens from the corpus, not used by the script."""
+    extra: list[int] = []
+    for line in _CORPUS_EN.splitlines():
+        for token in tokenizer.encode(line, add_special_tokens=False).ids:
+            piece = tokenizer.id_to_token(token)
+            if token in taken or not piece.startswith("\u0120") or not _is_word(piece[1:]):
+                continue
+            taken.add(token)
+            extra.append(token)
+            if len(extra) == _FALLING_LOOP_EXTRA:
+                return extra
+    raise RuntimeError(f"corpus has only {len(extra)} spare word tokens")  # pragma: no cover
 
 
 # --------------------------------------------------------------------------------------------
@@ -540,12 +705,40 @@ def _finish_config(out: Path, generator: str, arch: Mapping[str, Any]) -> None:
     _write_json(path, config)
 
 
-def _wire_script(model: Any, chain: Mapping[int, int], seed: int) -> None:
+#: The falling model's position flag in mtp.fc's output, against the content's norm sqrt(hidden)
+#: (the normalised embedding): large next to the random MTP layer's noise (~0.3 per dimension).
+_FLAG = 8.0
+
+
+def _flag_dims(hidden: int, positions: int) -> tuple[int, list[int]]:
+    """(the constant dimension, [the flag dimension of draft position 1..positions, "beyond"])."""
+    return hidden - 1, [hidden - 2 - j for j in range(positions + 1)]
+
+
+def _garbage_token(vocab_size: int, chain: Mapping[int, int], ids: Mapping[str, int]) -> int:
+    """The token the falling model's head drafts where a draft is suppressed: in no script."""
+    used = set(chain) | set(chain.values()) | set(ids.values())
+    return max(i for i in range(vocab_size) if i not in used)
+
+
+def _wire_script(
+    model: Any,
+    chain: Mapping[int, int],
+    seed: int,
+    design: DraftDesign | None = None,
+    garbage: int = 0,
+) -> None:
     """Give the embedding / LM head the scripted next-token map (in place, float32).
 
     Embeddings become N(0, 1) rows (the random decoder layers add only ~0.1-0.3 RMS on top), and
     the LM head row of token b is the sum of the unit embeddings of the tokens a with
     chain[a] == b, scaled so that logit(b | a) ~= _LOGIT_MARGIN after the final RMSNorm.
+
+    With a ``design`` the embeddings are 0 on the flag dimensions and 1 on the constant one, the
+    LM head row of each token loses _LOGIT_MARGIN / _FLAG per flag of a position where it is
+    suppressed (the whole margin at a flag of norm _FLAG), and the garbage token gains half that
+    on every flag (three halves on "beyond"): where the MTP head's output carries the flag of a
+    suppressed position, the garbage token wins by half the margin; elsewhere the scripted one.
     """
     import torch
 
@@ -555,10 +748,22 @@ def _wire_script(model: Any, chain: Mapping[int, int], seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 2)
     embed.copy_(torch.randn(embed.shape, generator=gen, dtype=torch.float32))
     head.copy_(torch.randn(head.shape, generator=gen, dtype=torch.float32) * 0.02)
+    if design is not None:
+        constant, flags = _flag_dims(hidden, len(design.rates))
+        embed[:, flags] = 0.0
+        embed[:, constant] = 1.0
+        head[:, flags] = 0.0
     scale = _LOGIT_MARGIN / hidden**0.5
     for current, following in sorted(chain.items()):
         row = embed[current]
         head[following] += scale * row / row.norm()
+    if design is not None:
+        penalty = _LOGIT_MARGIN / _FLAG
+        for token, positions in sorted(design.suppressed.items()):
+            for j in sorted(positions):
+                head[token, flags[j - 1]] -= penalty
+        head[garbage, flags[:-1]] += penalty / 2
+        head[garbage, flags[-1]] += 3 * penalty / 2
 
 
 def _build_weights(
@@ -569,6 +774,7 @@ def _build_weights(
     out: Path,
     seed: int,
     wired: bool = True,
+    design: DraftDesign | None = None,
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -581,7 +787,8 @@ def _build_weights(
     with torch.no_grad():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if wired:
-            _wire_script(model, chain, seed)
+            garbage = _garbage_token(int(arch["vocab_size"]), chain, ids)
+            _wire_script(model, chain, seed, design, garbage)
         model = model.to(dtype)
         model.eval()
     _save_model(model, out)
@@ -589,11 +796,16 @@ def _build_weights(
     _finish_config(out, generator, arch)
     if generator == "tiny-hybrid-mtp":
         _log("adding mtp weights...")
-    _rewrite_safetensors(out, arch, mtp_layers, seed, wired)
+    _rewrite_safetensors(out, arch, mtp_layers, seed, wired, design)
 
 
 def _rewrite_safetensors(
-    out: Path, arch: Mapping[str, Any], mtp_layers: int, seed: int, wired: bool = True
+    out: Path,
+    arch: Mapping[str, Any],
+    mtp_layers: int,
+    seed: int,
+    wired: bool = True,
+    design: DraftDesign | None = None,
 ) -> None:
     """Merge all weights into one model.safetensors with fixed metadata; add ``mtp.*``.
 
@@ -634,12 +846,33 @@ def _rewrite_safetensors(
         # embedding half through, so the head drafts what the scripted main model will say.
         if wired:
             fc[:, :hidden] += torch.eye(hidden, dtype=torch.float32)
+        if design is not None:
+            _wire_position_flags(fc, hidden, len(design.rates))
         tensors["mtp.fc.weight"] = fc.to(dtype)
         for norm in ("mtp.norm", "mtp.pre_fc_norm_hidden", "mtp.pre_fc_norm_embedding"):
             tensors[f"{norm}.weight"] = torch.zeros(hidden, dtype=dtype)
 
     ordered = {name: tensors[name].contiguous() for name in sorted(tensors)}
     save_file(ordered, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _wire_position_flags(fc: Any, hidden: int, positions: int) -> None:
+    """mtp.fc writes the draft position's flag (see _wire_script), in place.
+
+    Position 1 (hidden input: the target's, flag-free) gets _FLAG from the embedding's constant
+    dimension; position j + 1 moves j's flag, read from the head's own previous output, to the
+    next flag and cancels the constant's contribution. That output was RMS-normalised with the
+    flag in it, which scaled the flag by sqrt(hidden / (hidden + _FLAG**2)): ``gain`` undoes it.
+    """
+    constant, flags = _flag_dims(hidden, positions)
+    gain = ((hidden + _FLAG**2) / hidden) ** 0.5
+    fc[flags, :] = 0.0
+    fc[:, [hidden + f for f in flags]] = 0.0
+    fc[flags[0], constant] = _FLAG
+    for j, flag in enumerate(flags):
+        following = flags[min(j + 1, len(flags) - 1)]  # "beyond" stays "beyond"
+        fc[following, hidden + flag] += gain
+        fc[flags[0], hidden + flag] -= gain
 
 
 def _write_generation_config(out: Path, ids: Mapping[str, int]) -> None:
@@ -673,10 +906,37 @@ def _file_hashes(model_dir: Path) -> dict[str, str]:
     }
 
 
-def _manifest(
-    generator: str, arch: Mapping[str, Any], seed: int, model_dir: Path, wired: bool = True
-) -> dict[str, Any]:
+def _design_record(design: DraftDesign) -> dict[str, Any]:
+    """The manifest's account of a falling design: what was asked, what the decode gives."""
+    positions = len(design.rates)
     return {
+        "rates": list(design.rates),
+        "meaning": "unconditional: accepted at position i / drafts, as vLLM counts",
+        "loop_tokens": len(design.loop),
+        "salt": design.salt,
+        "max_error": round(design.error, 4),
+        "simulated_tokens_per_request": DESIGN_TOKENS,
+        "simulated": {
+            str(depth): [
+                round(r, 4)
+                for r in simulate_acceptance(design.loop, design.suppressed, positions, depth)
+            ]
+            for depth in range(1, positions + 1)
+        },
+    }
+
+
+def _manifest(
+    generator: str,
+    arch: Mapping[str, Any],
+    seed: int,
+    model_dir: Path,
+    wired: bool = True,
+    design: DraftDesign | None = None,
+) -> dict[str, Any]:
+    extra = {"draft_acceptance": _design_record(design)} if design is not None else {}
+    return {
+        **extra,
         "builder": "vfleet.tinymodels",
         "builder_version": BUILDER_VERSION,
         "generator": generator,
@@ -696,6 +956,7 @@ def manifest_matches(
     *,
     verify_files: bool = True,
     wired: bool = True,
+    draft_acceptance: Sequence[float] | None = None,
 ) -> bool:
     """True if ``model_dir`` holds a complete build of (generator, arch, seed) by this builder.
 
@@ -715,6 +976,7 @@ def manifest_matches(
         and manifest.get("generator") == generator
         and manifest.get("seed") == seed
         and manifest.get("wired", True) == wired
+        and _manifest_rates(manifest) == (list(draft_acceptance) if draft_acceptance else None)
         and manifest.get("arch") == wanted
         and isinstance(manifest.get("files"), dict)
     )
@@ -727,6 +989,12 @@ def manifest_matches(
             if not path.is_file() or _sha256(path) != digest:
                 return False
     return True
+
+
+def _manifest_rates(manifest: Mapping[str, Any]) -> list[float] | None:
+    record = manifest.get("draft_acceptance")
+    rates = record.get("rates") if isinstance(record, dict) else None
+    return list(rates) if isinstance(rates, list) else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -745,8 +1013,12 @@ def build(
     *,
     force: bool = False,
     wired: bool = True,
+    draft_acceptance: Sequence[float] | None = None,
 ) -> None:
     """Build the tiny model ``generator`` with ``arch`` into ``dest``.
+
+    ``draft_acceptance`` (tiny-hybrid-mtp, wired): the MTP head's designed unconditional
+    acceptance per draft position (see :func:`design_draft_acceptance`).
 
     Everything is written into a temporary directory next to ``dest`` that is renamed into place
     at the end, so a failed build leaves ``dest`` untouched. A non-empty ``dest`` is an error
@@ -755,6 +1027,12 @@ def build(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise TinyModelError(f"seed must be a non-negative integer, got {seed!r}")
     checked = _check_arch(generator, arch)
+    if draft_acceptance is not None:
+        if generator != "tiny-hybrid-mtp" or not checked.get("mtp_layers"):
+            raise TinyModelError("--draft-acceptance needs tiny-hybrid-mtp with an MTP layer")
+        if not wired:
+            raise TinyModelError("--draft-acceptance and --unwired exclude each other")
+        draft_acceptance = parse_draft_acceptance(",".join(map(str, draft_acceptance)))
     target = Path(dest).expanduser().absolute()
     _check_dest(target, force)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -765,9 +1043,16 @@ def build(
         tokenizer = _train_tokenizer(int(checked["vocab_size"]))
         ids = _save_tokenizer(tokenizer, work, int(checked["max_position_embeddings"]))
         _log("building weights...")
-        _build_weights(generator, checked, ids, _script_chain(tokenizer), work, seed, wired)
+        loop = _reply_loop(tokenizer, falling=draft_acceptance is not None)
+        design = None
+        if draft_acceptance is not None:
+            design = design_draft_acceptance(loop, draft_acceptance, seed)
+            _log(f"draft acceptance design: {len(loop)}-token loop, max error {design.error:.3f}")
+        chain = _script_chain(tokenizer, loop)
+        _build_weights(generator, checked, ids, chain, work, seed, wired, design)
         _write_generation_config(work, ids)
-        _write_json(work / MANIFEST_NAME, _manifest(generator, checked, seed, work, wired))
+        manifest = _manifest(generator, checked, seed, work, wired, design)
+        _write_json(work / MANIFEST_NAME, manifest)
         _fix_modes(work)
         _replace(work, target, force)
     except BaseException:
@@ -823,6 +1108,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="keep every weight random (no scripted answers; the MTP head drafts noise)",
     )
+    parser.add_argument(
+        "--draft-acceptance",
+        metavar="R1,R2,...",
+        help="tiny-hybrid-mtp: the MTP head's unconditional acceptance per draft position "
+        "(accepted at position i / drafts, as vLLM counts; non-increasing), e.g. 0.8,0.55,0.3,0.15",
+    )
     return parser.parse_args(argv)
 
 
@@ -844,7 +1135,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
         arch = _load_arch(args.arch_json)
-        build(args.generator, arch, args.dest, args.seed, force=args.force, wired=not args.unwired)
+        rates = None
+        if args.draft_acceptance is not None:
+            rates = parse_draft_acceptance(args.draft_acceptance)
+        build(
+            args.generator,
+            arch,
+            args.dest,
+            args.seed,
+            force=args.force,
+            wired=not args.unwired,
+            draft_acceptance=rates,
+        )
     except TinyModelError as exc:
         print(f"tinymodels: error: {exc}", file=sys.stderr)
         return 2

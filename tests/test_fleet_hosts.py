@@ -602,11 +602,17 @@ def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -
     assert chat(node1.port)[0] == 200
 
 
+# The performance gate's bench runs 4 requests at a time (the cpu profile's max_num_seqs):
+# every swap here stores figures at that shape, so a later swap of the same weights compares.
+PERF_CONCURRENCY = "4"
+
+
 def swap(fleet: Fleet, *args: str, timeout: int = 1200) -> tuple[int, dict[str, Any], str]:
     # The hosts share this machine's two cores: one load request and one watch generation per
     # host every two seconds leave room for the new server's start (its compile is CPU-bound).
+    argv = [VFLEET, "swap", *args, "-i", str(fleet.inventory), "--json", "--interval", "2"]
     proc = subprocess.run(
-        [VFLEET, "swap", *args, "-i", str(fleet.inventory), "--json", "--interval", "2"],
+        [*argv, "--perf-concurrency", PERF_CONCURRENCY],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -776,6 +782,94 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         load.stop()
     # One box: the broken start cost downtime too, then the old model serves every request.
     assert rolled["failed"] >= 1 and restored["failed"] == 0 and restored["ok"] >= 5, restored
+
+
+def _perf_reference(fleet: Fleet, node: Node, current: str) -> str:
+    """node's perf.json of the wired model at the gate's concurrency. After the single-box
+    swap (make test's order) it is there; run alone (-k), one swap of the same weights from a
+    release without figures makes it (the gate is off then: nothing to compare)."""
+    got = node.host.run(f"cat {current}/perf.json", check=False)
+    if got.returncode == 0:
+        rec = json.loads(got.stdout)
+        if rec["model"] == MODEL and rec["shape"]["concurrency"] == int(PERF_CONCURRENCY):
+            return got.stdout
+    rc, report, err = swap(
+        fleet, node.host.name, "--model", MODEL, "--set", f"served_model_name={MODEL}",
+        "--set", "shutdown_timeout_s=35",
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert report["hosts"][0]["perf"]["state"] == "off", report["hosts"][0]
+    return node.host.run(f"cat {current}/perf.json").stdout
+
+
+@pytest.mark.fleet_ci
+def test_performance_gate_rolls_back_a_slower_release_and_keeps_an_as_fast_one(
+    fleet: Fleet, lb: tuple[Path, str]
+) -> None:
+    """Issue 20. node1 serves the wired tiny MTP model (release R1, measured at its rollout in
+    the single-box swap above). A release that serves one request at a time (max_num_seqs 1,
+    healthy: every health gate passes) is benched at the operator's concurrency of 4 while
+    drained, found slower than R1 and rolled back; then a release whose only change cannot
+    touch speed (the drain timeout) passes the gate and stays. Load through nginx throughout:
+    no request fails."""
+    prefix, url = lb
+    node1 = fleet.nodes["node1"]
+    current = "/opt/vfleet/instances/main/current"
+    r1_perf = _perf_reference(fleet, node1, current)
+    before = json.loads(r1_perf)
+    assert before["model"] == MODEL and before["shape"]["concurrency"] == int(PERF_CONCURRENCY)
+    common = ["--model", MODEL, "--set", f"served_model_name={MODEL}", "--balancer", str(prefix)]
+    load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
+    t0 = time.monotonic()
+    try:
+        rc, slow, err = swap(fleet, "node1", *common, "--set", "max_num_seqs=1")
+        t_slow = time.monotonic() - t0
+        during_slow = load.summary(load.requests)
+        rc2, same, err2 = swap(fleet, "node1", *common, "--set", "shutdown_timeout_s=25")
+        time.sleep(5)
+    finally:
+        load.stop()
+    total = load.summary(load.requests)
+    record("perf_gate", {"slow": slow, "as_fast": same, "load": total, "reference": before,
+                         "seconds": {"slow": round(t_slow, 1),
+                                     "both": round(time.monotonic() - t0, 1)}})  # fmt: skip
+    # The slower release: healthy, but the performance gate failed it and it went back.
+    assert rc == 1, err[-3000:]
+    assert 'swap of node1 to tiny-hybrid-mtp failed at "Performance gate"' in err, err[-3000:]
+    host = {h["host"]: h for h in slow["hosts"]}["node1"]
+    assert f"back on {MODEL} (previous release), serving" in host["outcome"], host
+    perf = host["perf"]
+    assert perf["state"] == "fail" and perf["reference"].startswith("release "), perf
+    worse = {c["figure"]: c for c in perf["checks"] if c["result"] == "worse"}
+    assert worse, perf  # before/after of each failing figure are in the report
+    for c in worse.values():
+        assert c["before"] is not None and c["after"] is not None, c
+    assert during_slow["failed"] == 0 and during_slow["ok"] >= 10, during_slow
+    # R1 serves again; it was not measured again (its perf.json is as it was).
+    assert node1.host.run(f"basename $(readlink {current})").stdout.strip() == before["release"]
+    assert node1.host.run(f"cat {current}/perf.json").stdout == r1_perf
+    # The as-fast release passes the gate and stays; its figures are stored with it.
+    assert rc2 == 0, err2[-3000:]
+    host2 = {h["host"]: h for h in same["hosts"]}["node1"]
+    assert host2["outcome"] == f"swapped to {MODEL}", host2
+    assert host2["perf"]["state"] == "pass", host2["perf"]
+    after = json.loads(node1.host.run(f"cat {current}/perf.json").stdout)
+    assert after["release"] != before["release"] and after["figures"]["output_tps"] > 0
+    # The sidecar exports what this release measured (vfleet_release_*).
+    sidecar = next(x.split("=", 1)[1] for x in node1.sets if x.startswith("sidecar_port="))
+    exported = node1.host.run(
+        'python3 -c "import urllib.request as u; '
+        f"print(u.urlopen('http://127.0.0.1:{sidecar}/metrics', timeout=30).read().decode())\""
+    ).stdout
+    speed = re.search(
+        r'^vfleet_release_output_tokens_per_second\{[^}]*release="(\w+)"[^}]*\} (\S+)$',
+        exported,
+        re.M,
+    )
+    assert speed, exported[-2000:]
+    assert speed.group(1) == after["release"]
+    assert float(speed.group(2)) == after["figures"]["output_tps"]
+    assert total["failed"] == 0 and total["ok"] >= 20, total
 
 
 def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Fleet) -> None:

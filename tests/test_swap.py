@@ -144,6 +144,10 @@ def test_dry_run_names_the_playbook_the_hosts_and_the_new_served_name(cli, tmp_p
     argv = first.split(" ", 5)
     assert argv[1:4] == ["-i", str(inv), str(REPO / "ansible" / "swap.yml")]
     extra = json.loads(argv[5])
+    # The performance gate is on by default: the bench's options, and where verdicts go.
+    gate = extra.pop("vfleet_perf_gate")
+    assert gate["inventory"] == str(inv) and gate["args"] == ["--concurrency", "1"]
+    assert Path(gate["report_dir"]).name.startswith("vfleet-perf-")
     assert extra == {
         "vfleet_hosts": "pair",
         "vfleet_model": "tiny-dense",

@@ -24,6 +24,7 @@ from .config import HostVars
 from .containers_cli import add_parsers as add_container_parsers
 from .doctor import add_parser as add_doctor_parser
 from .errors import VfleetError
+from .perfgate_cli import add_parser as add_perfgate_parser
 from .profiles import list_models, list_profiles, load_model, profiles_dir, validation_error
 from .releases import add_parser as add_releases_parser
 from .render import release_id, render_files, write_atomic
@@ -689,6 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_releases_parser(sub)
     add_swap_parser(sub)
     add_tune_parser(sub)
+    add_perfgate_parser(sub)
     add_balancer_parser(sub)
     add_bench_parser(sub)
     add_container_parsers(sub, _deployment_args, _launch)

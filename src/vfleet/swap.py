@@ -16,8 +16,10 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import VfleetError
+from .perfgate import DEFAULT_CONCURRENCY, DEFAULT_TOLERANCES, TOLERANCE_KEYS, Verdict
 from .profiles import REPO_ROOT, profiles_dir
 
 PLAYBOOK = REPO_ROOT / "ansible" / "swap.yml"
@@ -153,6 +156,7 @@ class HostReport:
     outcome: str = ""
     why: str | None = None  # the playbook's message for a failed or unreachable host
     left_drained: bool = False  # still out of the balancer when the swap ended
+    perf: Verdict | None = None  # the performance gate's verdict; None: it did not run here
 
     @property
     def still_down(self) -> bool:
@@ -243,8 +247,11 @@ def report_text(reports: list[HostReport], rc: int, seconds: float) -> str:
     for row in (head, *rows):
         lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip())
     for r in reports:
-        if r.why:
+        if r.why and not (r.perf and r.perf.state == "fail"):
             lines.append(f"why {r.host}: {textwrap.shorten(r.why, 400)}")
+    for r in reports:
+        if r.perf is not None:
+            lines.append(f"{r.host}: " + r.perf.text())
     return "\n".join(lines)
 
 
@@ -291,7 +298,24 @@ def hosts_of(inventory: str, pattern: str) -> list[str]:
     return hosts
 
 
-def playbook_argv(a: argparse.Namespace, serial: list[int | str]) -> list[str]:
+def perf_args(a: argparse.Namespace) -> list[str]:
+    """`vfleet perf-gate check`'s bench and tolerance options, from swap's --perf-*."""
+    from .perfgate import require
+    from .perfgate_cli import parse_tolerances
+
+    require()
+    parse_tolerances(a.perf_tolerance or [])  # bad input stops here, before anything runs
+    if a.perf_concurrency < 1:
+        raise VfleetError("must be 1 or more", key="--perf-concurrency", fix="e.g. 4")
+    out = ["--concurrency", str(a.perf_concurrency)]
+    for t in a.perf_tolerance or []:
+        out += ["--tolerance", t]
+    return out
+
+
+def playbook_argv(
+    a: argparse.Namespace, serial: list[int | str], perf_dir: Path | None = None
+) -> list[str]:
     extra: dict[str, Any] = {
         "vfleet_hosts": a.hosts,
         "vfleet_model": a.model,
@@ -304,6 +328,12 @@ def playbook_argv(a: argparse.Namespace, serial: list[int | str]) -> list[str]:
         extra["vfleet_base_dir"] = a.base_dir
     if a.balancer:
         extra["vfleet_balancer_dir"] = str(Path(a.balancer).resolve())
+    if perf_dir is not None:
+        extra["vfleet_perf_gate"] = {
+            "inventory": str(Path(a.inventory).resolve()),
+            "report_dir": str(perf_dir),
+            "args": perf_args(a),
+        }
     return [
         _ansible_bin("ansible-playbook"),
         "-i",
@@ -367,7 +397,9 @@ def cmd_swap(a: argparse.Namespace) -> int:
                 fix=f"swap the balancer's group ({lb['group']}), or render it for these hosts",
             )
         front = HostReport(BALANCER, f"http://{lb['listen']}", str(lb["served_model_name"]))
-    argv = playbook_argv(a, serial)
+    # The performance gate's per-host verdicts come back through this folder (--report-dir).
+    perf_dir = None if a.no_perf_gate else Path(tempfile.mkdtemp(prefix="vfleet-perf-"))
+    argv = playbook_argv(a, serial, perf_dir)
     # Each host's instance as it is now and as the swap will make it: its URL (an ssh tunnel
     # where vLLM listens on the host's loopback) and the model name the new release serves.
     targets: list[Target] = []
@@ -399,8 +431,10 @@ def cmd_swap(a: argparse.Namespace) -> int:
         if front is not None:
             # What clients see: the balancer's own endpoint, with the first host's key.
             targets.append((front, targets[0][1] if targets else None))
-        return _run(a, argv, targets)
+        return _run(a, argv, targets, perf_dir)
     finally:
+        if perf_dir is not None:
+            shutil.rmtree(perf_dir, ignore_errors=True)
         for t in tunnels:
             t.terminate()
 
@@ -408,7 +442,9 @@ def cmd_swap(a: argparse.Namespace) -> int:
 Target = tuple[HostReport, str | None]  # a host's report-to-be and its API key, if any
 
 
-def _run(a: argparse.Namespace, argv: list[str], targets: list[Target]) -> int:
+def _run(
+    a: argparse.Namespace, argv: list[str], targets: list[Target], perf_dir: Path | None
+) -> int:
     t0 = time.monotonic()
     watchers = [Watcher(r.host, r.url, key, a.interval, t0) for r, key in targets]
     for w in watchers:
@@ -451,6 +487,7 @@ def _run(a: argparse.Namespace, argv: list[str], targets: list[Target]) -> int:
         found = outages(w.samples)
         r.outages = [asdict(o) | {"seconds": round(o.seconds, 1)} for o in found]
         r.downtime_s = round(sum(o.seconds for o in found), 1)
+        r.perf = _perf_verdict(perf_dir, r.host)
         r.outcome = outcome(r)
         reports.append(r)
     seconds = time.monotonic() - t0
@@ -460,6 +497,14 @@ def _run(a: argparse.Namespace, argv: list[str], targets: list[Target]) -> int:
     else:
         print(report_text(reports, rc, seconds))
     return 0 if rc == 0 else 1
+
+
+def _perf_verdict(folder: Path | None, host: str) -> Verdict | None:
+    path = folder / f"{host}.json" if folder else None
+    if path is None or not path.exists():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return Verdict.from_dict(data["verdict"])
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -498,6 +543,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DIR",
         help="a `vfleet balancer` folder: drain each host in it first, admit it once gated, "
         "and watch the balancer's endpoint too (what clients see)",
+    )
+    gate = p.add_argument_group(
+        "performance gate (docs/SWAP.md): after the health gates, bench each new release and "
+        "roll it back when it is slower than the release it replaces on that host"
+    )
+    gate.add_argument(
+        "--no-perf-gate",
+        action="store_true",
+        help="skip it (the new release is neither measured nor compared)",
+    )
+    gate.add_argument(
+        "--perf-concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        metavar="N",
+        help="simultaneous requests in the bench: the concurrency your clients run at "
+        "(default %(default)s; a reference measured at another one is not compared)",
+    )
+    gate.add_argument(
+        "--perf-tolerance",
+        action="append",
+        metavar="FIGURE=FRACTION",
+        help="allowed change in the worse direction, e.g. output_tps=0.2 (repeatable; "
+        "defaults from measured noise: "
+        + ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in TOLERANCE_KEYS)
+        + ")",
     )
     p.add_argument("--base-dir", metavar="DIR", help="vfleet's folder on the hosts")
     p.add_argument("--json", action="store_true", help="the report as JSON (progress on stderr)")

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .bounded_http import DEFAULT_MAX_BYTES, RequestError, request
+from .perf_record import FILENAME, PerfRecord
 from .vllm_metrics import (
     DEFAULT_VERSION,
     Family,
@@ -51,6 +52,26 @@ log = logging.getLogger("vfleet-exporter")
 
 IDENTITY = ("host", "profile", "preset", "vfleet_instance", "model_name")
 INFO_KEYS = ("vllm_version", "stack", "torch", "plugin", "plugin_features", "release")
+
+# perf.json's figures (the performance gate's bench at rollout) -> (metric name, help)
+RELEASE_PERF: dict[str, tuple[str, str]] = {
+    "output_tps": (
+        "vfleet_release_output_tokens_per_second",
+        "Per-stream output tok/s this release measured at its rollout (performance gate).",
+    ),
+    "ttft_p95_s": (
+        "vfleet_release_ttft_p95_seconds",
+        "TTFT p95 this release measured at its rollout (performance gate).",
+    ),
+    "acceptance_rate": (
+        "vfleet_release_spec_decode_acceptance_rate",
+        "MTP acceptance this release measured at its rollout (performance gate).",
+    ),
+    "tokens_per_step": (
+        "vfleet_release_tokens_per_step",
+        "Tokens per engine step this release measured at its rollout (performance gate).",
+    ),
+}
 
 # figure name -> (metric name, help)
 SCALARS: dict[str, tuple[str, str]] = {
@@ -153,6 +174,7 @@ class Identity:
     labels: dict[str, str] = field(default_factory=dict)  # IDENTITY keys
     info: dict[str, str] = field(default_factory=dict)  # INFO_KEYS
     plugin_state: Path | None = None  # read at each scrape for info's plugin_features
+    perf: Path | None = None  # the release's perf.json (written after start): each scrape
 
     @classmethod
     def from_file(cls, path: Path) -> Identity:
@@ -164,10 +186,12 @@ class Identity:
         # A deploy installs sidecar.json in releases/<id>/ (reached through `current`): the
         # release id is the folder's name, so a rollback shows up as a changed label.
         real = path.resolve()
+        perf = None
         if real.parent.parent.name == "releases":
             info.setdefault("release", real.parent.name)
+            perf = real.parent / FILENAME
         state = data.get("plugin_state")
-        return cls(labels, info, Path(state) if isinstance(state, str) and state else None)
+        return cls(labels, info, Path(state) if isinstance(state, str) and state else None, perf)
 
 
 class VllmCollector(Collector):
@@ -349,6 +373,7 @@ class VllmCollector(Collector):
             1.0,
         )
         yield info
+        yield from self._release_perf(names, values)
         if not up:
             return
         if figures.window_seconds is not None:
@@ -375,6 +400,26 @@ class VllmCollector(Collector):
                 for quantile, v in figures.quantiles[key].items():
                     q.add_metric([*values, str(quantile)], v)
                 yield q
+
+    def _release_perf(self, names: list[str], values: list[str]) -> Iterator[Metric]:
+        """The figures the performance gate measured for this release at its rollout (none
+        before it wrote perf.json; vLLM being down does not change what was measured)."""
+        path = self.identity.perf
+        if path is None or not path.exists():
+            return
+        try:
+            record = PerfRecord.from_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            self._once(f"perf:{exc}", f"{path}: not used: {exc}")
+            return
+        extra = ["release", "concurrency"]
+        ids = [*values, record.release, str(record.shape.concurrency)]
+        for key, (name, doc) in RELEASE_PERF.items():
+            value = getattr(record.figures, key)
+            if value is not None:
+                g = GaugeMetricFamily(name, doc, labels=[*names, *extra])
+                g.add_metric(ids, value)
+                yield g
 
 
 def _listen(text: str) -> tuple[str, int]:

@@ -9,13 +9,14 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import yaml
 
 from vfleet.benchmark.scenarios import Run
-from vfleet.compile import resolve
+from vfleet.compile import Launch, resolve
 from vfleet.errors import VfleetError
 from vfleet.tune_measure import BenchPlan, Measurement, objective_from, p95, summarize
 from vfleet.tune_report import (
@@ -30,6 +31,7 @@ from vfleet.tune_report import (
 from vfleet.tune_space import (
     Choice,
     Dimension,
+    Search,
     build_space,
     candidate,
     infeasible,
@@ -43,7 +45,7 @@ from .conftest import REPO
 VENV_BIN = Path(sys.executable).parent
 
 
-def cpu(*sets: str):
+def cpu(*sets: str) -> Launch:
     return resolve("cpu", "tiny-hybrid-mtp", sets=list(sets))
 
 
@@ -114,7 +116,7 @@ def test_each_depth_renders_its_own_speculative_config_through_the_rules() -> No
         if choice.label == "0":
             assert spec is None and launch.ctx.d["spec_k"] == 0
         else:
-            assert spec["num_speculative_tokens"] == int(choice.label), spec
+            assert isinstance(spec, dict) and spec["num_speculative_tokens"] == int(choice.label)
 
 
 # --------------------------------------------------------------------------- skip logic
@@ -150,23 +152,25 @@ def dims_2() -> list[Dimension]:
     return [depth, chunk]
 
 
-def run_search(dims: list[Dimension], truth: dict[str, float], search: str) -> list[str]:
+def run_search(
+    dims: list[Dimension], truth: Mapping[str, float | None], search: Search
+) -> list[str]:
     scores: dict[str, float | None] = {}
     order = []
-    while (c := next_candidate(dims, scores, search, 0.05)) is not None:  # type: ignore[arg-type]
+    while (c := next_candidate(dims, scores, search, 0.05)) is not None:
         order.append(c.key)
         scores[c.key] = truth[c.key]
     return order
 
 
-def test_climb_stops_past_the_peak_and_tries_the_next_dimension_at_the_best_depth() -> None:
+def test_climb_starts_at_what_runs_walks_to_the_peak_and_stops_past_it() -> None:
     acc = {0: 10.0, 1: 14.0, 2: 16.0, 3: 12.0, 4: 9.0}
     truth = {f"depth={k} chunk={c}": v + (1 if c == "b" else 0) for k, v in acc.items()
              for c in "ab"}  # fmt: skip
     order = run_search(dims_2(), truth, "climb")
-    # depth 3 scores 25% below depth 2: depth 4 is never deployed. Then the chunk at depth 2.
-    assert order == ["depth=0 chunk=a", "depth=1 chunk=a", "depth=2 chunk=a", "depth=3 chunk=a",
-                     "depth=2 chunk=b"]  # fmt: skip
+    # The host runs depth 3: then 2 (better), 1 (25% below 2: stop going down); 3 is already
+    # below 2, so 4 is never deployed, nor 0. Then the chunk, at depth 2.
+    assert order == ["depth=3 chunk=a", "depth=2 chunk=a", "depth=1 chunk=a", "depth=2 chunk=b"]
 
 
 def test_climb_keeps_going_while_within_the_margin() -> None:
@@ -174,7 +178,19 @@ def test_climb_keeps_going_while_within_the_margin() -> None:
         f"depth={k} chunk={c}": v for k, v in enumerate([10, 10.2, 9.9, 9.8, 11]) for c in "ab"
     }
     order = run_search(dims_2(), truth, "climb")
-    assert [k for k in order if k.endswith("chunk=a")] == [f"depth={k} chunk=a" for k in range(5)]
+    assert [k for k in order if k.endswith("chunk=a")] == [
+        f"depth={k} chunk=a" for k in (3, 2, 1, 0, 4)
+    ]
+
+
+def test_climb_stops_walking_past_a_failed_value() -> None:
+    # The host runs depth 0; depth 1 fails its swap (say vLLM refused it at start): deeper is
+    # not tried. The scores beyond would be higher, but a climb assumes one peak.
+    depth = Dimension("depth", tuple(Choice(str(k), (f"d={k}",)) for k in range(5)), 0, True, "")
+    truth = {"depth=0": 10.0, "depth=1": None, "depth=2": 30.0, "depth=3": 40.0, "depth=4": 50.0}
+    order = run_search([depth], truth, "climb")
+    assert order == ["depth=0", "depth=1"]
+    assert run_search([depth], truth, "grid") == list(truth)
 
 
 def test_grid_measures_every_combination_once() -> None:
@@ -217,7 +233,7 @@ def test_a_failed_request_disqualifies_a_candidate() -> None:
 def test_bad_objective_options_exit_2_with_the_key() -> None:
     for args, key in (("decode", 0, None), "--concurrency"), (("decode", 1, -1.0), "--ttft-slo"):
         with pytest.raises(VfleetError) as e:
-            objective_from(*args)  # type: ignore[arg-type]
+            objective_from(*args)
         assert e.value.key == key
 
 
@@ -251,7 +267,7 @@ def test_summary_of_bench_runs_and_the_step_time() -> None:
 def ident(**kw: object) -> Identity:
     base = Identity.of("node1", "cpu", "tiny-hybrid-mtp", "main", ["port=8000", "api_key=s"],
                        BenchPlan())  # fmt: skip
-    return Identity(**{**base.__dict__, **kw})  # type: ignore[arg-type]
+    return Identity(**{**base.__dict__, **kw})
 
 
 def test_state_round_trips_and_a_resume_skips_what_was_tried(tmp_path: Path) -> None:

@@ -142,11 +142,22 @@ def target(a: argparse.Namespace) -> Target:
 # --------------------------------------------------------------------------- swaps
 
 
-def swap(t: Target, sets: Sequence[str], log: Path, balancer: Path | None) -> tuple[int, str]:
-    """`vfleet swap HOST` to the host's settings plus `sets`: (exit status, what happened).
+@dataclass(frozen=True)
+class Swapped:
+    rc: int
+    said: str  # the swap's outcome for the host, and why when it failed
+    perf: dict[str, Any] | None = None  # the performance gate's verdict (rollout only)
 
-    The swap's own output goes to `log`. A candidate's swap leaves the balancer alone (the
-    host stays drained); the rollout names it, so the host is admitted again once gated.
+
+def swap(
+    t: Target, sets: Sequence[str], log: Path, balancer: Path | None, perf_concurrency: int
+) -> Swapped:
+    """`vfleet swap HOST` to the host's settings plus `sets`. Its own output goes to `log`.
+
+    A candidate (`balancer` None) is swapped without the performance gate: it is measured here,
+    and a slower candidate is a finding, not a failure; the host stays drained. The rollout
+    names the balancer and runs the gate at the tuner's concurrency: the host is admitted
+    again only once the winner passed every gate.
     """
     argv = [
         sys.executable, "-m", "vfleet.cli", "swap", t.host, "-i", str(t.inventory),
@@ -158,8 +169,12 @@ def swap(t: Target, sets: Sequence[str], log: Path, balancer: Path | None) -> tu
         argv += ["--instance", t.instance]
     if t.base_dir:
         argv += ["--base-dir", t.base_dir]
-    if balancer is not None:
+    if balancer is None:
+        argv.append("--no-perf-gate")
+    else:
         argv += ["--balancer", str(balancer)]
+    if perf_concurrency:
+        argv += ["--perf-concurrency", str(perf_concurrency)]
     with log.open("a", encoding="utf-8") as out:
         shown = [x if not x.startswith("api_key=") else "api_key=***" for x in argv]
         out.write(f"\n$ {shlex.join(shown)}\n")
@@ -172,11 +187,12 @@ def swap(t: Target, sets: Sequence[str], log: Path, balancer: Path | None) -> tu
         doc = json.loads(proc.stdout)
         host = next(h for h in doc["hosts"] if h["host"] == t.host)
     except (ValueError, KeyError, StopIteration):
-        return proc.returncode, f"vfleet swap exited {proc.returncode} without a report ({log})"
+        return Swapped(proc.returncode, f"vfleet swap exited {proc.returncode} without a report")
     said = str(host.get("outcome") or "")
     if host.get("why"):
         said += f": {' '.join(str(host['why']).split())[:400]}"
-    return proc.returncode, said
+    perf = host.get("perf")
+    return Swapped(proc.returncode, said, perf if isinstance(perf, dict) else None)
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -260,12 +276,12 @@ def try_candidate(
 
     started = time.monotonic()
     rid = release_id(render_files(t.resolve_with(c.sets)))
-    rc, said = swap(t, c.sets, out_dir / SWAP_LOG, None)
+    done = swap(t, c.sets, out_dir / SWAP_LOG, None, 0)
     result = Result(c.key, dict(c.picks), list(c.sets), "failed", release_id=rid)
-    if rc != 0:
-        result.why = f"swap failed ({said})"
+    if done.rc != 0:
+        result.why = f"swap failed ({done.said})"
     else:
-        progress.say(f"{c.key}: {said}; measuring")
+        progress.say(f"{c.key}: {done.said}; measuring")
         got = measure(url, t.api_key, bench)
         if isinstance(got, Measurement):
             result.status, result.measurement = "measured", got
@@ -411,17 +427,19 @@ def finish(
     # the release its inventory describes.
     what = "rolling out " + winner.key if changed and winner else "putting the host back"
     print(f"tune: {what} through vfleet swap", file=sys.stderr, flush=True)
-    rc, said = swap(t, [], out_dir / SWAP_LOG, balancer)
-    print(f"tune: {a.host}: {said}", file=sys.stderr)
-    if rc != 0 and write:
+    done = swap(t, [], out_dir / SWAP_LOG, balancer, objective.concurrency)
+    print(f"tune: {a.host}: {done.said}", file=sys.stderr)
+    if done.perf is not None:
+        reasons = "; ".join(map(str, done.perf.get("reasons") or []))
+        print(f"tune: performance gate: {done.perf.get('state')} ({reasons})", file=sys.stderr)
+    if done.rc != 0 and write:
         # The gates refused the winner: the inventory must not say otherwise.
-        restore = old
-        write_overrides(t.inventory, a.host, restore, "Restored: the tuned rollout failed.", "")
+        write_overrides(t.inventory, a.host, old, "Restored: the tuned rollout failed.", "")
         print(f"tune: the rollout failed; {host_vars_dir(t.inventory, a.host) / OVERRIDES_FILE} "
               "holds the settings from before again", file=sys.stderr)  # fmt: skip
-    if rc != 0 or winner is None:
-        return 1
-    return 0
+    doc["rollout"] = {"what": what, "rc": done.rc, "outcome": done.said, "perf": done.perf}
+    write_report(out_dir, doc, state, objective, winner)
+    return 1 if done.rc != 0 or winner is None else 0
 
 
 def mask(sets: list[str]) -> list[str]:

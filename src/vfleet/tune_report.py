@@ -70,6 +70,11 @@ def markdown(doc: dict[str, Any], state: State, objective: Objective, winner: Re
         lines.append(f"- not swept: {name}: {why}")
     if doc.get("stopped"):
         lines.append(f"- stopped: {doc['stopped']}")
+    rollout = doc.get("rollout")
+    if rollout:
+        perf = rollout.get("perf") or {}
+        gate = f"; performance gate: {perf.get('state')}" if perf else ""
+        lines.append(f"- rollout ({rollout['what']}): {rollout['outcome']}{gate}")
     lines += ["", *table(state, objective, winner), ""]
     if winner is not None:
         lines.append(f"Best: **{winner.key}** (`--set {' --set '.join(winner.sets)}`).")

@@ -234,11 +234,13 @@ def next_candidate(
     """The next candidate to measure, given what has been measured; None when done.
 
     A pure function of the scores so far, so a re-run with the state file continues where the
-    last one stopped. grid: every combination. climb: one dimension at a time (the others at
-    the best found so far, or at what the host runs), keeping the best value of each; along an
-    ordered dimension it stops going up once a value scores worse than the best one below it
-    by more than `margin` (a fraction): past a peak, deeper drafts or larger chunks only cost
-    more (a depth beyond the acceptance's reach adds a draft step that is rejected).
+    last one stopped. grid: every combination. climb: one dimension at a time, the others at
+    the best found so far (or at what the host runs), keeping the best value of each. An
+    unordered dimension is tried whole. Along an ordered one the climb starts at what the host
+    runs and walks down, then up, one value at a time, and stops walking a way once the last
+    value there scored worse than the best so far by more than `margin` (a fraction), or
+    failed: past a peak a deeper draft only adds a draft step that is rejected, and a larger
+    chunk only delays decode steps further.
     """
     if search == "grid":
         for idx in itertools.product(*(range(len(d.choices)) for d in dims)):
@@ -248,27 +250,53 @@ def next_candidate(
         return None
     fixed = {d.name: d.start for d in dims}
     for d in dims:
-        seen: list[tuple[int, float]] = []
-        for i in range(len(d.choices)):
-            c = candidate(dims, fixed | {d.name: i})
-            if c.key not in scores:
-                if d.ordered and past_peak(seen, margin):
-                    break
-                return c
-            score = scores[c.key]
-            if score is not None:
-                seen.append((i, score))
-        if seen:
-            fixed[d.name] = max(seen, key=lambda x: x[1])[0]
+        nxt = _climb(dims, d, fixed, scores, margin)
+        if isinstance(nxt, Candidate):
+            return nxt
+        if nxt is not None:
+            fixed[d.name] = nxt
     return None
 
 
-def past_peak(seen: Sequence[tuple[int, float]], margin: float) -> bool:
-    """The last value measured scored worse than an earlier one by more than the margin."""
-    if len(seen) < 2:
-        return False
-    best = max(s for _, s in seen[:-1])
-    return seen[-1][1] < best * (1 - margin)
+def _climb(
+    dims: Sequence[Dimension],
+    d: Dimension,
+    fixed: Mapping[str, int],
+    scores: Scores,
+    margin: float,
+) -> Candidate | int | None:
+    """The next candidate along `d`, or (when `d` is done) its best index, None if none scored."""
+    measured: dict[int, float | None] = {}
+
+    def at(i: int) -> Candidate | None:
+        c = candidate(dims, {**fixed, d.name: i})
+        if c.key not in scores:
+            return c
+        measured[i] = scores[c.key]
+        return None
+
+    def best() -> float | None:
+        got = [s for s in measured.values() if s is not None]
+        return max(got) if got else None
+
+    if not d.ordered:
+        for i in range(len(d.choices)):
+            if (c := at(i)) is not None:
+                return c
+    else:
+        if (c := at(d.start)) is not None:
+            return c
+        for step in (-1, 1):
+            last, i = measured[d.start], d.start + step
+            while 0 <= i < len(d.choices):
+                top = best()
+                if (c := at(i)) is not None:
+                    if top is not None and (last is None or last < top * (1 - margin)):
+                        break  # past the peak this way
+                    return c
+                last, i = measured[i], i + step
+    ranked = [(s, i) for i, s in measured.items() if s is not None]
+    return max(ranked)[1] if ranked else None
 
 
 def all_candidates(dims: Sequence[Dimension]) -> int:

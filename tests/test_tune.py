@@ -288,6 +288,10 @@ def test_state_round_trips_and_a_resume_skips_what_was_tried(tmp_path: Path) -> 
     nxt = next_candidate(dims, again.scores(objective_from("decode", 1, None)), "grid", 0.05)
     assert nxt is not None and nxt.key == "depth=0 chunk=b"
     assert again.mean_candidate_s() == 60.0  # skipped candidates cost no deploy
+    # A failed candidate (a start that timed out) is tried again by the next run.
+    again.add(Result("depth=2 chunk=a", {}, [], "failed", "swap failed (start-limit-hit)"))
+    assert [r.key for r in again.forget_failed()] == ["depth=2 chunk=a"]
+    assert "depth=2 chunk=a" not in again.results and "depth=1 chunk=a" in again.results
     assert again.winner(objective_from("decode", 1, None)).key == first.key  # type: ignore[union-attr]
 
 

@@ -64,9 +64,11 @@ over the time after the first); throughput: generated tok/s of each batch over i
 failed request cannot win.
 
 search: climb (default) takes one dimension at a time, the others at the best found so far
-(or at what the host runs), and stops going up an ordered dimension (depth, sizes) once a
-value scores worse than the best below it by more than --margin; grid measures every
-combination. Either way a re-run with the same --out skips every candidate already tried.
+(or at what the host runs); along an ordered dimension (depth, sizes, threads) it starts at
+what the host runs, walks down then up, and stops walking a way once a value scores worse
+than the best so far by more than --margin (or failed); grid measures every combination.
+Either way a re-run with the same --out skips every candidate measured or skipped before and
+tries the failed ones again (a start can time out on a busy box).
 
 exit status: 0 the best candidate was rolled out (or, with --no-rollout / nothing better,
 the host was put back as it was); 1 a swap or the rollout failed, or nothing could be
@@ -315,6 +317,11 @@ def cmd_tune(a: argparse.Namespace) -> int:
     state = load(a.state, identity)
     if a.dry_run:
         return dry_run(t, dims, left_out, state, a)
+    # A failure can be the host's moment (a start that timed out on a busy box): a re-run tries
+    # failed candidates again. Skipped ones stay skipped: the rules and the plan say the same.
+    for r in state.forget_failed():
+        print(f"tune: trying {r.key} again (failed in run {r.run}: {(r.why or '')[:200]})",
+              file=sys.stderr)  # fmt: skip
     if not dims:
         raise VfleetError(
             "nothing to sweep on this host: " + "; ".join(f"{k}: {v}" for k, v in left_out.items()),

@@ -69,6 +69,13 @@ class State:
         r.run = self.runs
         self.results[r.key] = r
 
+    def forget_failed(self) -> list[Result]:
+        """Drop the failed candidates (a re-run tries them again); the ones dropped."""
+        failed = [r for r in self.results.values() if r.status == "failed"]
+        for r in failed:
+            del self.results[r.key]
+        return failed
+
     def scores(self, objective: Objective) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         for key, r in self.results.items():

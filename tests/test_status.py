@@ -223,6 +223,11 @@ def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> 
         "itl_p50_seconds",
         "itl_p95_seconds",
         "baseline_decode_tokens_per_second",
+        "spec_decode_running_depth",
+        "spec_decode_recommendation_state",
+        "spec_decode_recommended_depth",
+        "spec_decode_recommended_gain_ratio",
+        "spec_decode_expected_tokens_per_second",
         "warnings",
     ]
 

@@ -441,6 +441,11 @@ class HostVars(Strict):
     def instance_dir(self, instance: str) -> str:
         return f"{self.base_dir}/instances/{instance}"
 
+    def step_times_file(self, instance: str) -> str:
+        """The MTP step-time table `vfleet tune` measures here (vfleet_healthcheck.depth reads
+        it): in the instance folder, not a release, so it outlives swaps and rollbacks."""
+        return f"{self.instance_dir(instance)}/{STEP_TIMES_FILE}"
+
     def log_file(self, instance: str) -> str:
         return f"{self.base_dir}/logs/vllm-{instance}.log"
 
@@ -449,6 +454,10 @@ class HostVars(Strict):
 
     def cache_dir(self, instance: str) -> str:
         return f"{self.base_dir}/cache/{instance}"
+
+
+#: The step-time table's name in an instance folder (HostVars.step_times_file).
+STEP_TIMES_FILE = "step-times.json"
 
 
 # --------------------------------------------------------------------------- baselines

@@ -349,6 +349,7 @@ def spec_decode() -> dict[str, Any]:
     per_pos = f"{rate(ACCEPTED_POS, 'host, position')} / on (host) group_left {rate(DRAFTS)}"
     step_time = f"{rate(ITL + '_sum')} / {rate(ITL + '_count')}"  # mean ITL = mean step time
     sidecar_note = "The sidecar's figure over its window (default 60 s); absent without drafts."
+    inst, who = "host, vfleet_instance", "{{host}} {{vfleet_instance}}"
     panels: list[PanelLike] = [
         timeseries_panel(
             "Acceptance rate",
@@ -415,6 +416,42 @@ def spec_decode() -> dict[str, Any]:
             [Q(f"sum by (host) ({sel('vfleet_steps_per_second')})")],
             sidecar_note,
             w=8,
+        ),
+        timeseries_panel(
+            "Sidecar: MTP depth, running vs recommended",
+            "short",
+            [
+                Q(f"max by ({inst}) ({sel('vfleet_spec_decode_running_depth')})", f"{who} running"),
+                Q(
+                    f"max by ({inst}) ({sel('vfleet_spec_decode_recommended_depth')})",
+                    f"{who} recommended",
+                ),
+                Q(
+                    f"max by ({inst}) ({sel('vfleet_spec_decode_recommended_gain_ratio')})",
+                    f"{who} expected gain",
+                    unit="percentunit",
+                    right=True,
+                ),
+            ],
+            "num_speculative_tokens running, and the depth with the highest expected tok/s from "
+            "the window's per-position acceptance and the step times `vfleet tune` measured "
+            "(docs/TUNE.md, Recommended depth); right axis: how much faster it would decode. "
+            "The recommendation is absent without a step-time table or without drafts; "
+            "vfleet_spec_decode_recommendation_state says which.",
+        ),
+        timeseries_panel(
+            "Sidecar: expected tok/s per MTP depth",
+            TOKPS,
+            [
+                Q(
+                    f"max by ({inst}, depth) "
+                    f"({sel('vfleet_spec_decode_expected_tokens_per_second')})",
+                    f"{who} depth {{{{depth}}}}",
+                )
+            ],
+            "(1 + sum of the per-position acceptance up to the depth) / measured seconds per "
+            "step at that depth. Positions beyond the running depth are extrapolated (label "
+            "extrapolated = how many), each falling by the last observed decline.",
         ),
     ]
     return _dashboard(

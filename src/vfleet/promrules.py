@@ -105,6 +105,15 @@ def _threshold(name: str) -> str:
     return f"on (host, vfleet_instance) group_left vfleet:threshold:{name}"
 
 
+# The depth alert: the sidecar's expected gain of the recommended MTP depth over the running one
+# (vfleet_healthcheck.depth) above this, for this long. 10 %: above the run-to-run spread of a
+# decode measurement on these boxes, so a table measured once does not page on its own noise;
+# 30 minutes: the sidecar's figure exists only while drafts flow, so this is 30 minutes of
+# serving, not of idling (docs/TUNE.md, Recommended depth).
+DEPTH_GAIN_ALERT = 0.10
+DEPTH_GAIN_FOR = "30m"
+
+
 def _alert(
     name: str, expr: str, for_: str, severity: str, summary: str, description: str
 ) -> dict[str, Any]:
@@ -158,6 +167,18 @@ ALERTS: list[dict[str, Any]] = [
         "Drafts are proposed but rarely accepted, so every step pays for drafting in vain. "
         "Known cause: YaRN rope scaling past the native context. Compare with the baseline "
         "and consider fewer speculative tokens.",
+    ),
+    _alert(
+        "VfleetSpecDecodeDepthNotBest",
+        f'vfleet_spec_decode_recommended_gain_ratio{{job="vfleet-sidecar"}} > {DEPTH_GAIN_ALERT}',
+        DEPTH_GAIN_FOR,
+        "warning",
+        "The recommended MTP depth on {{ $labels.host }} ({{ $labels.vfleet_instance }}) "
+        "would decode {{ $value | humanizePercentage }} faster than the running one",
+        "From the live per-position acceptance and the step times `vfleet tune` measured, "
+        "another num_speculative_tokens would decode faster (vfleet_spec_decode_recommended_depth"
+        " beside vfleet_spec_decode_running_depth; `vfleet status` shows both). Run `vfleet tune` "
+        "on the host to confirm it and roll it out.",
     ),
     _alert(
         "VfleetDecodeBelowBaseline",

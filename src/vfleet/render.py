@@ -246,6 +246,10 @@ def sidecar_config(launch: Launch) -> dict[str, Any]:
             # Read from plugin_state at each scrape where the stack carries the plugin.
             "plugin_features": "",
         },
+        # The running speculative depth and where `vfleet tune` leaves the measured step time
+        # per depth: with both, the sidecar recommends a depth (vfleet_healthcheck.depth).
+        "spec_decode": {"method": launch.ctx.d["spec_method"], "depth": launch.ctx.d["spec_k"]},
+        "step_times": launch.host.step_times_file(launch.instance),
         # The SM75 plugin's runtime decision (VFLEET_SM75_STATE): the features on now.
         **(
             {"plugin_state": plugin_state_file(launch.host, launch.instance)}

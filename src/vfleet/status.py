@@ -28,6 +28,7 @@ from .errors import VfleetError
 
 _IMPORT_ERROR: ImportError | None = None
 try:
+    from vfleet_healthcheck.depth import StepTimesSource, advise
     from vfleet_healthcheck.exporter import SCALARS, Identity, UpstreamError, fetch
     from vfleet_healthcheck.vllm_metrics import (
         DEFAULT_VERSION,
@@ -83,6 +84,14 @@ computed from this interval (no traffic, no speculative decoding), JSON null:
   acceptance (%)            accepted draft tokens / proposed draft tokens (MTP, ngram, ...)
   mean acceptance length    1 + accepted draft tokens / drafts: tokens per verify step
   accepted at pos N (%)     drafts whose token at position N was accepted / drafts
+  MTP depth running         num_speculative_tokens the instance runs (sidecar.json; else
+                            the positions vLLM reports)
+  MTP depth recommended     the depth of the step-time table (vfleet tune) with the highest
+                            expected tok/s: (1 + sum of the per-position acceptance, positions
+                            beyond the running depth extrapolated) / seconds per step; "- (why)"
+                            without one: no_step_times, bad_step_times, no_drafts (no traffic),
+                            speculation_off (docs/TUNE.md, Recommended depth)
+  expected gain (%)         expected tok/s at the recommended depth / at the running one - 1
   TTFT p50/p95 (ms)         time to first token, of the first tokens sent in the interval
   ITL p50/p95 (ms)          inter-token latency: one engine step as a request sees it
   window (s)                time between the two reads
@@ -111,6 +120,8 @@ class Target:
     info: dict[str, str] = field(default_factory=dict)  # versions, release
     since: float | None = None  # when `current` was last switched (a deploy or rollback)
     error: str | None = None  # the host could not be asked (ssh), so nothing was read
+    spec_depth: int | None = None  # sidecar.json: the rendered num_speculative_tokens
+    step_times: str | None = None  # the MTP step-time table, where readable from here
 
 
 def base_url(text: str) -> str:
@@ -176,7 +187,19 @@ def discover(base_dir: Path, *, strict: bool) -> list[Target]:
         # Identity names the release only under releases/; a hand-made `current` still has one.
         identity.info.setdefault("release", path.resolve().parent.name)
         since = (folder / "current").lstat().st_mtime
-        out.append(Target(url, folder.name, folder.name, identity.labels, identity.info, since))
+        times = str(identity.step_times) if identity.step_times else None
+        out.append(
+            Target(
+                url,
+                folder.name,
+                folder.name,
+                identity.labels,
+                identity.info,
+                since,
+                spec_depth=identity.spec_depth,
+                step_times=times,
+            )
+        )
     return out
 
 
@@ -222,7 +245,20 @@ def inventory_targets(
         if tunnel is not None:
             tunnels.append(tunnel)
         since = float(lines[1])
-        targets.append(Target(url, name, str(plan["instance"]), labels, info, since))
+        spec = data.get("spec_decode")
+        depth = spec.get("depth") if isinstance(spec, dict) else None
+        targets.append(
+            Target(
+                url,
+                name,
+                str(plan["instance"]),
+                labels,
+                info,
+                since,
+                # The step-time table stays on the host: --step-times names a local copy.
+                spec_depth=depth if isinstance(depth, int) else None,
+            )
+        )
     return targets
 
 
@@ -377,8 +413,41 @@ def as_json(r: Reading, now: float) -> dict[str, Any]:
         for name, q in QUANTILES.items():
             out[f"{hist}_{name}_seconds"] = f.quantiles.get(hist, {}).get(q)
     out["baseline_decode_tokens_per_second"] = _baseline_decode(r.target)
+    out.update(_depth(r, f))
     out["warnings"] = r.warnings
     return out
+
+
+def _depth(r: Reading, f: Figures) -> dict[str, Any]:
+    """The sidecar's MTP depth recommendation, computed the same way (vfleet_healthcheck.depth)."""
+    out: dict[str, Any] = {
+        "spec_decode_running_depth": r.target.spec_depth,
+        "spec_decode_recommendation_state": None,
+        "spec_decode_recommended_depth": None,
+        "spec_decode_recommended_gain_ratio": None,
+        "spec_decode_expected_tokens_per_second": None,
+    }
+    if not r.up:
+        return out
+    advice = advise(f.positions, r.target.spec_depth, StepTimesSource(r.target.step_times))
+    out["spec_decode_running_depth"] = advice.running_depth
+    out["spec_decode_recommendation_state"] = advice.state
+    if advice.state == "bad_step_times":  # a missing table is normal: the state row says so
+        r.warnings.append(f"no depth recommendation: {advice.detail}")
+    rec = advice.recommendation
+    if rec is not None:
+        out["spec_decode_recommended_depth"] = rec.recommended_depth
+        out["spec_decode_recommended_gain_ratio"] = rec.gain
+        out["spec_decode_expected_tokens_per_second"] = {
+            str(e.depth): e.tokens_per_second for e in rec.estimates
+        }
+    return out
+
+
+def _recommended(o: dict[str, Any]) -> str:
+    depth = o.get("spec_decode_recommended_depth")
+    state = o.get("spec_decode_recommendation_state")
+    return str(depth) if depth is not None else ("-" if state in (None, "ok") else f"- ({state})")
 
 
 def _iso(t: float | None) -> str | None:
@@ -461,6 +530,9 @@ ROWS: list[tuple[str, str, Format | None]] = [
     ("acceptance (%)", "spec_decode_acceptance_rate", _num(".1f", 100)),
     ("mean acceptance length", "spec_decode_mean_acceptance_length", _num(".2f")),
     ("", "spec_decode_position_acceptance_rate", None),
+    ("MTP depth running", "spec_decode_running_depth", _num(".0f")),
+    ("MTP depth recommended", "spec_decode_recommended_depth", None),
+    ("expected gain (%)", "spec_decode_recommended_gain_ratio", _num(".1f", 100)),
     ("TTFT p50 (ms)", "ttft_p50_seconds", _num(".1f", 1000)),
     ("TTFT p95 (ms)", "ttft_p95_seconds", _num(".1f", 1000)),
     ("ITL p50 (ms)", "itl_p50_seconds", _num(".1f", 1000)),
@@ -476,6 +548,8 @@ def table(objs: list[dict[str, Any]]) -> str:
     for label, key, fmt in ROWS:
         if key == "up":
             rows.append([label, *(_state(o) for o in objs)])
+        elif key == "spec_decode_recommended_depth":
+            rows.append([label, *(_recommended(o) for o in objs)])
         elif key == "spec_decode_position_acceptance_rate":
             positions = sorted({p for o in objs for p in (o[key] or {})}, key=int)
             for p in positions:
@@ -590,6 +664,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="S",
         help="seconds to wait for each HTTP request to a target (default: %(default)s)",
     )
+    p.add_argument(
+        "--step-times",
+        metavar="FILE",
+        help="the MTP step-time table for the depth recommendation (default: each local "
+        "instance's own, from sidecar.json; URL and --hosts targets have none)",
+    )
     p.add_argument("--json", action="store_true", help="a JSON list, one object per target")
     p.add_argument(
         "--explain",
@@ -616,6 +696,9 @@ def cmd_status(a: argparse.Namespace) -> int:
             targets = inventory_targets(a.inventory, a.hosts, a.instance, tunnels)
         else:
             targets = resolve_targets(list(a.targets), Path(a.base_dir).expanduser())
+        if a.step_times:
+            for target in targets:
+                target.step_times = a.step_times
         readings = read_all(targets, a.interval, a.timeout)
     finally:
         for t in tunnels:

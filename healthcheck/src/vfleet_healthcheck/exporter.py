@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .bounded_http import DEFAULT_MAX_BYTES, RequestError, request
+from .depth import STATES, Advice, StepTimesSource, advise
 from .perf_record import FILENAME, PerfRecord
 from .vllm_metrics import (
     DEFAULT_VERSION,
@@ -175,6 +176,8 @@ class Identity:
     info: dict[str, str] = field(default_factory=dict)  # INFO_KEYS
     plugin_state: Path | None = None  # read at each scrape for info's plugin_features
     perf: Path | None = None  # the release's perf.json (written after start): each scrape
+    spec_depth: int | None = None  # the rendered num_speculative_tokens (0: speculation off)
+    step_times: Path | None = None  # the instance's step-time table (vfleet tune writes it)
 
     @classmethod
     def from_file(cls, path: Path) -> Identity:
@@ -191,7 +194,19 @@ class Identity:
             info.setdefault("release", real.parent.name)
             perf = real.parent / FILENAME
         state = data.get("plugin_state")
-        return cls(labels, info, Path(state) if isinstance(state, str) and state else None, perf)
+        spec = data.get("spec_decode")
+        depth = spec.get("depth") if isinstance(spec, dict) else None
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)):
+            raise ValueError(f"{path}: spec_decode.depth must be an integer, got {depth!r}")
+        times = data.get("step_times")
+        return cls(
+            labels,
+            info,
+            Path(state) if isinstance(state, str) and state else None,
+            perf,
+            depth,
+            Path(times) if isinstance(times, str) and times else None,
+        )
 
 
 class VllmCollector(Collector):
@@ -226,6 +241,7 @@ class VllmCollector(Collector):
         self._logged: set[str] = set()
         self._up: bool | None = None
         self.last_figures = Figures()
+        self.step_times = StepTimesSource(self.identity.step_times)
 
     # -- logging: each distinct problem once, and every up/down change
     def _once(self, key: str, message: str) -> None:
@@ -394,6 +410,9 @@ class VllmCollector(Collector):
             for position, rate in sorted(figures.positions.items(), key=lambda x: int(x[0])):
                 pos.add_metric([*values, position], rate)
             yield pos
+        yield from self._depth_metrics(
+            advise(figures.positions, self.identity.spec_depth, self.step_times), names, values
+        )
         for key, (name, doc) in QUANTILE_METRICS.items():
             if key in figures.quantiles:
                 q = GaugeMetricFamily(name, doc, labels=[*names, "quantile"])
@@ -420,6 +439,65 @@ class VllmCollector(Collector):
                 g = GaugeMetricFamily(name, doc, labels=[*names, *extra])
                 g.add_metric(ids, value)
                 yield g
+
+    def _depth_metrics(
+        self, advice: Advice, names: list[str], values: list[str]
+    ) -> Iterator[Metric]:
+        """The MTP depth recommendation (vfleet_healthcheck.depth) beside the running depth."""
+        if advice.state == "bad_step_times":
+            self._once(f"step-times:{advice.detail}", f"no depth recommendation: {advice.detail}")
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(values, value)
+            return g
+
+        state = GaugeMetricFamily(
+            "vfleet_spec_decode_recommendation_state",
+            "1 for why there is or is not an MTP depth recommendation: "
+            + "; ".join(f"{k}: {v}" for k, v in STATES.items()),
+            labels=[*names, "state"],
+        )
+        state.add_metric([*values, advice.state], 1.0)
+        yield state
+        if advice.running_depth is not None:
+            yield gauge(
+                "vfleet_spec_decode_running_depth",
+                "num_speculative_tokens this instance runs (0: no speculative decoding).",
+                advice.running_depth,
+            )
+        if advice.table is not None:
+            yield gauge(
+                "vfleet_spec_decode_step_times_timestamp_seconds",
+                "When the step-time table the recommendation uses was measured (Unix time).",
+                advice.table.measured_at_unix,
+            )
+        rec = advice.recommendation
+        if rec is None:
+            return
+        yield gauge(
+            "vfleet_spec_decode_recommended_depth",
+            "The depth of the step-time table with the highest expected tok/s: (1 + the sum of "
+            "the window's per-position acceptance, extrapolated beyond the running depth) / "
+            "seconds per step at that depth.",
+            rec.recommended_depth,
+        )
+        if rec.gain is not None:
+            yield gauge(
+                "vfleet_spec_decode_recommended_gain_ratio",
+                "Expected tok/s at the recommended depth / at the running depth - 1 "
+                "(0.12: 12% faster; 0: the running depth is the best).",
+                rec.gain,
+            )
+        expected = GaugeMetricFamily(
+            "vfleet_spec_decode_expected_tokens_per_second",
+            "Expected decode tok/s per MTP depth of the step-time table, from the window's "
+            "acceptance (label extrapolated: positions beyond the running depth guessed).",
+            labels=[*names, "depth", "extrapolated"],
+        )
+        for e in rec.estimates:
+            expected.add_metric([*values, str(e.depth), str(e.extrapolated)], e.tokens_per_second)
+        yield expected
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -488,6 +566,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"identity label (one of {', '.join(IDENTITY)}); overrides --config",
     )
     p.add_argument(
+        "--step-times",
+        type=Path,
+        metavar="FILE",
+        help="the instance's MTP step-time table (vfleet tune writes it; default: --config's "
+        "step_times); missing: no depth recommendation, vfleet_spec_decode_recommendation_state "
+        "says why",
+    )
+    p.add_argument(
         "--vllm-version",
         help="vLLM version, selects the metric-name table (default: from --config, else 0.32)",
     )
@@ -504,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
             if not sep or key not in IDENTITY:
                 raise ValueError(f"--label {item!r}: expected KEY=VALUE with KEY in {IDENTITY}")
             identity.labels[key] = value
+        if args.step_times is not None:
+            identity.step_times = args.step_times
         version = args.vllm_version or identity.info.get("vllm_version") or DEFAULT_VERSION
         collector = VllmCollector(
             args.vllm_url,

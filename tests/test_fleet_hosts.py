@@ -1012,6 +1012,9 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     state = json.loads((prefix / "balancer.json").read_text())
     assert [r["down"] for r in state["replicas"]] == [False, False]
     assert chat(node1.port)[0] == 200
+    # The step time per depth, where the sidecar reads it for its recommended depth.
+    times = json.loads(node1.host.run("cat /opt/vfleet/instances/main/step-times.json").stdout)
+    assert times["kind"] == "vfleet-step-times" and set(times["seconds_per_step"]) == measured
 
 
 @pytest.mark.fleet_ci

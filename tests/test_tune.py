@@ -413,3 +413,39 @@ def test_bad_options_exit_2_naming_the_option(args: list[str], said: str, tmp_pa
     r = vfleet("tune", "localhost", "--out", str(tmp_path / "t"), *args)
     assert r.returncode == 2 and said in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "t").exists()
+
+
+def test_step_times_are_the_winners_neighbours_in_depth_and_land_on_the_host(
+    tmp_path: Path,
+) -> None:
+    from vfleet_healthcheck.depth import load_step_times
+
+    from vfleet.config import HostVars
+    from vfleet.tune import Target, step_times, write_step_times
+
+    state = State(ident(), 1)
+    for key, picks, step in (
+        ("depth=1 chunk=a", {"depth": "1", "chunk": "a"}, 0.010),
+        ("depth=2 chunk=a", {"depth": "2", "chunk": "a"}, 0.012),
+        ("depth=2 chunk=b", {"depth": "2", "chunk": "b"}, 0.020),  # another chunk: not used
+        ("depth=3 chunk=a", {"depth": "3", "chunk": "a"}, None),  # no step time measured
+    ):
+        state.add(Result(key, picks, [], "measured", measurement=measured(9, step_time_s=step)))
+    winner = state.results["depth=2 chunk=a"]
+    assert step_times(state, winner) == {1: 0.010, 2: 0.012}
+    # A host reached locally (ansible_connection: local): the file lands in its instance folder.
+    base = tmp_path / "vfleet"
+    launch = resolve("cpu", "tiny-hybrid-mtp", host=HostVars(base_dir=str(base)))
+    hv = {"ansible_connection": "local"}
+    t = Target("h1", tmp_path / "inv.yml", launch, [], [], None, None, "cpu", "tiny-hybrid-mtp",
+               None, None, hv, {})  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    said = write_step_times(t, state, winner, BenchPlan(), out)
+    assert said is not None and said["not_copied"] is None and said["depths"] == [1, 2]
+    on_host = load_step_times(base / "instances" / "main" / "step-times.json")
+    assert dict(on_host.seconds_per_step) == {1: 0.010, 2: 0.012} and on_host.concurrency == 1
+    assert "vfleet tune h1" in on_host.method
+    assert (out / "step-times.json").read_text() == (
+        base / "instances/main/step-times.json"
+    ).read_text()

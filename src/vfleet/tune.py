@@ -432,6 +432,8 @@ def finish(
     # The rollout: the inventory's settings (with the new tuned set) through the gated swap,
     # which admits the host to the balancer again. Without a change it puts the host back to
     # the release its inventory describes.
+    if write and winner is not None:
+        doc["step_times"] = write_step_times(t, state, winner, bench, out_dir)
     what = "rolling out " + winner.key if changed and winner else "putting the host back"
     print(f"tune: {what} through vfleet swap", file=sys.stderr, flush=True)
     done = swap(t, [], out_dir / SWAP_LOG, balancer, objective.concurrency)
@@ -541,3 +543,70 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--dry-run", action="store_true", help="print the space and what fits; deploy nothing"
     )
     p.set_defaults(fn=cmd_tune)
+
+
+# --------------------------------------------------------------------------- step times
+
+
+def step_times(state: State, winner: Result) -> dict[int, float]:
+    """Seconds per engine step per depth, from the candidates that differ from the winner in
+    the depth alone (the same chunk, graphs, threads): what the sidecar divides by."""
+    others = {k: v for k, v in winner.picks.items() if k != "depth"}
+    out: dict[int, float] = {}
+    for r in state.results.values():
+        m = r.measurement
+        same = {k: v for k, v in r.picks.items() if k != "depth"} == others
+        if "depth" in r.picks and same and m is not None and m.step_time_s:
+            out[int(r.picks["depth"])] = m.step_time_s
+    return out
+
+
+def write_step_times(
+    t: Target, state: State, winner: Result, bench: BenchPlan, out_dir: Path
+) -> dict[str, Any] | None:
+    """The measured seconds per step per depth, in vfleet_healthcheck.depth's format: into
+    OUT/step-times.json and the instance folder on the host, where the sidecar reads it for its
+    recommended depth. None when no depth was measured beside the winner."""
+    from vfleet_healthcheck.depth import StepTimes, save_step_times
+
+    from .config import STEP_TIMES_FILE
+
+    times = step_times(state, winner)
+    if not times:
+        return None
+    table = StepTimes.measured(
+        times,
+        method=f"vfleet tune {t.host}: bench concurrency scenario, {bench.repeats} x "
+        f"{bench.concurrency} request(s) of {bench.decode_tokens} tokens after "
+        f"{bench.prompt_tokens}; tokens per step / (concurrency x decode tok/s)",
+        concurrency=bench.concurrency,
+    )
+    local = out_dir / STEP_TIMES_FILE
+    save_step_times(local, table)
+    on_host = t.launch.host.step_times_file(t.launch.instance)
+    why = put_file(t, on_host, local.read_text(encoding="utf-8"))
+    said = f"step times of depths {sorted(times)} -> {t.host}:{on_host}"
+    print(f"tune: {said}" + (f" NOT copied: {why}" if why else ""), file=sys.stderr)
+    return {"file": str(local), "host_path": on_host, "depths": sorted(times), "not_copied": why}
+
+
+def put_file(t: Target, path: str, text: str) -> str | None:
+    """Write `text` to `path` on the host (over ssh as the deploy reaches it, or locally),
+    replaced whole; why it could not be, or None."""
+    from .remote import become, literal, ssh_argv
+
+    folder = path.rsplit("/", 1)[0]
+    script = (
+        f"mkdir -p {shlex.quote(folder)} && cat > {shlex.quote(path)}.tmp && "
+        f"mv {shlex.quote(path)}.tmp {shlex.quote(path)}"
+    )
+    command = [*become(t.host_vars, t.host), "sh", "-c", script]
+    local = str(literal(t.host_vars, "ansible_connection", t.host)) == "local"
+    argv = command if local else [*ssh_argv(t.host, t.host_vars), shlex.join(command)]
+    try:
+        r = subprocess.run(
+            argv, input=text, capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if r.returncode == 0 else f"exit {r.returncode}: {r.stderr.strip()[-300:]}"

@@ -7,7 +7,9 @@ rolled back and recorded as failed) and measured with the bench client (src/vfle
 tune_measure.py), one at a time. The best candidate for the objective is written into the
 inventory's host_vars/<host>/vfleet_tuned.yml (the role applies `vfleet_tuned_set` after the
 host's vfleet_set) with the measured table beside it, and rolled out through `vfleet swap`,
-which admits the host to its balancer again once every gate passed.
+which admits the host to its balancer again once every gate passed. The seconds per engine
+step measured at each depth go into the instance folder on the host (step-times.json), where
+the sidecar reads them for its recommended depth. Report: OUT/tune.{json,md,svg}.
 """
 
 from __future__ import annotations
@@ -512,7 +514,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--margin",
         type=float,
         default=0.05,
-        help="climb: stop going up once a value is this fraction below the best (0.05)",
+        help="climb: stop walking a way once a value is this fraction below the best (0.05)",
     )
     p.add_argument("--objective", choices=OBJECTIVES, default="decode", help="what to maximise")
     p.add_argument("--concurrency", type=int, default=1, help="simultaneous requests (1)")

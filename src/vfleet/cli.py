@@ -32,6 +32,7 @@ from .rules import RULES
 from .stacks import add_parser as add_stacks_parser
 from .status import add_parser as add_status_parser
 from .swap import add_parser as add_swap_parser
+from .tune import add_parser as add_tune_parser
 
 EPILOG = """\
 examples:
@@ -688,6 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_doctor_parser(sub)
     add_releases_parser(sub)
     add_swap_parser(sub)
+    add_tune_parser(sub)
     add_perfgate_parser(sub)
     add_balancer_parser(sub)
     add_bench_parser(sub)

@@ -1271,6 +1271,10 @@ def _settings(a: argparse.Namespace, hv: dict[str, Any]) -> dict[str, Any]:
         return default if value in (None, "") else value
 
     sets = pick(a.sets, "vfleet_set", [])
+    # What `vfleet tune` wrote for the host (host_vars/<host>/vfleet_tuned.yml): the role
+    # applies it after vfleet_set. Settings given as options replace both, as they replace
+    # vfleet_set.
+    tuned = [] if a.sets is not None else pick(None, "vfleet_tuned_set", [])
     deployment = pick(a.deployment, "vfleet_deployment", None)
     # A deployment file names its own profile and model.
     return {
@@ -1279,7 +1283,10 @@ def _settings(a: argparse.Namespace, hv: dict[str, Any]) -> dict[str, Any]:
         "instance": pick(a.instance, "vfleet_instance", None),
         "base_dir": os.path.expanduser(pick(a.base_dir, "vfleet_base_dir", HostVars().base_dir)),
         "python": pick(None, "vfleet_python", HostVars().python),
-        "sets": shlex.split(sets) if isinstance(sets, str) else list(sets),
+        "sets": [
+            *(shlex.split(sets) if isinstance(sets, str) else list(sets)),
+            *(shlex.split(tuned) if isinstance(tuned, str) else list(tuned)),
+        ],
         "deployment": deployment,
         "profiles_dir": pick(a.profiles_dir, "vfleet_profiles_dir", None),
         "api_key_file": pick(getattr(a, "api_key_file", None), "vfleet_api_key_file", None),

@@ -113,6 +113,8 @@ class Run:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     ttft_s: float | None = None
+    # Every request's own TTFT (a batch's ttft_s is their mean): percentiles need them.
+    ttfts_s: list[float] = field(default_factory=list)
     e2e_s: float | None = None
     decode_tps: float | None = None
     prefill_tps: float | None = None
@@ -326,6 +328,7 @@ class Bench:
         run.completion_tokens = res.tokens
         run.cached_tokens = res.cached_tokens
         run.ttft_s = res.ttft_s
+        run.ttfts_s = [res.ttft_s] if res.ttft_s is not None else []
         run.e2e_s = res.e2e_s
         run.decode_tps = res.decode_tps
         run.prefill_tps = res.prefill_tps
@@ -353,6 +356,7 @@ class Bench:
         run.prompt_tokens = sum(r.prompt_tokens or 0 for r in results)
         run.completion_tokens = sum(r.tokens for r in results)
         run.ttft_s = avg([r.ttft_s for r in results])
+        run.ttfts_s = [r.ttft_s for r in results if r.ttft_s is not None]
         run.e2e_s = avg([r.e2e_s for r in results])
         run.decode_tps = avg([r.decode_tps for r in results])
         run.prefill_tps = avg([r.prefill_tps for r in results])

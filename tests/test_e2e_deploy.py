@@ -217,6 +217,28 @@ def test_sidecar_and_prometheus_come_with_the_deploy(
     assert "Prometheus: " + prom in deployed.stdout
 
 
+def test_pm2_stores_nothing_of_makes_environment(
+    deployed: subprocess.CompletedProcess[str],
+) -> None:
+    """Issue 22, finding 2: pm2 keeps the environment of the command that started an app (and
+    its daemon), here make's: MAKEFLAGS and SET carry the command line's settings, which held
+    the API key. The roles start pm2 under `env -i`: none of it is stored or reaches a process."""
+    assert deployed.returncode == 0, playbook_failure(deployed.stdout, deployed.stderr)
+    out = subprocess.run(
+        [str(BASE / "pm2" / "node_modules" / ".bin" / "pm2"), "jlist"],
+        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+             "PM2_HOME": str(BASE / "pm2" / "home")},
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    apps = {p["name"]: p for p in json.loads(out.strip().splitlines()[-1])}
+    for name in ("vfleet-vllm-main", "vfleet-sidecar-main", "vfleet-prometheus"):
+        stored = apps[name]["pm2_env"]
+        for var in ("MAKEFLAGS", "MAKELEVEL", "SET"):
+            assert var not in stored and var not in stored.get("env", {}), (name, var)
+        environ = Path(f"/proc/{apps[name]['pid']}/environ").read_bytes().split(b"\0")
+        assert not [e for e in environ if e.startswith((b"MAKEFLAGS=", b"SET="))], name
+
+
 def test_bench_against_the_deployment(
     deployed: subprocess.CompletedProcess[str], tmp_path: Path
 ) -> None:

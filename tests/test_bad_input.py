@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from vfleet.compile import resolve
+from vfleet.errors import VfleetError
+
 from .conftest import Result, tree_digest
 
 
@@ -280,18 +283,35 @@ def _env_file(cli: Callable[..., Result], tmp_path: Path, *sets: str) -> str:
 def test_set_values_are_text_unless_the_schema_says_otherwise(
     cli: Callable[..., Result], tmp_path: Path
 ) -> None:
-    # YAML would drop "#prod" as a comment: the key is the whole text.
-    assert "VLLM_API_KEY='s3cr3t #prod'" in _env_file(cli, tmp_path, "api_key=s3cr3t #prod")
+    # YAML would drop "#prod" as a comment: the value is the whole text.
+    assert "VFLEET_T='s3cr3t #prod'" in _env_file(cli, tmp_path, "extra_env.VFLEET_T=s3cr3t #prod")
     # YAML reads 12:30 as 750 (base 60) and 010 as 8: text stays text.
     assert "VFLEET_T='12:30'" in _env_file(cli, tmp_path, "extra_env.VFLEET_T=12:30")
     assert "VFLEET_T='010'" in _env_file(cli, tmp_path, "extra_env.VFLEET_T=010")
 
 
+@pytest.mark.parametrize("setting", ["api_key=null", "api_key="])
+def test_a_key_from_the_inventory_must_have_a_value(setting: str) -> None:
+    """The inventory's vfleet_set (a file, maybe a vault) may hold api_key; null or empty is
+    refused, not read as "no key". (On a command line it is refused outright, below.)"""
+    with pytest.raises(VfleetError, match="a value is required"):
+        resolve("cpu", "tiny-dense", sets=[setting])
+
+
+@pytest.mark.parametrize("command", ["render", "explain", "plan"])
+def test_a_key_on_the_command_line_is_refused(
+    cli: Callable[..., Result], tmp_path: Path, command: str
+) -> None:
+    """Issue 22, finding 2: a key in argv is readable by every local user while it runs."""
+    args = ["--out", str(tmp_path / "out")] if command == "render" else []
+    r = cli(command, "-p", "cpu", "-m", "tiny-dense", "--set", "api_key=sk-argv-1", *args)
+    assert r.rc == 2 and "--set api_key" in r.err and "sk-argv-1" not in r.err, r.err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("setting", "fix"),
     [
-        ("api_key=null", "a value is required"),
-        ("api_key=", "a value is required"),
         ("port=010", "whole number in decimal"),
         ("prefix_caching=on", "true or false"),
         ("gpu_memory_utilization=9e", "decimal number"),

@@ -482,7 +482,7 @@ def test_compose_gpu_profile_names_the_profile(cli, tmp_path: Path, model_dir: P
 @pytest.mark.parametrize(
     ("extra", "expect"),
     [
-        (("--set", "api_key=sekrit"), "api_key: api_key would be written into the release"),
+        (("--set", "api_key=sekrit"), "--set api_key: an API key on a command line"),
         (("--base-dir", "/srv/vfleet"), "--base-dir: the images use /opt/vfleet"),
         (("--set", "instance=b"), "instance: the images run instance 'main', not 'b'"),
     ],

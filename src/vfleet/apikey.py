@@ -14,6 +14,13 @@ import stat
 from .errors import VfleetError
 
 KEY = "API_KEY_FILE (vfleet_api_key_file)"
+WHY = "an API key on a command line is readable by every local user (ps) while the command runs"
+
+
+def refuse_key_in_sets(sets: list[str], fix: str) -> None:
+    """Exit 2 on `--set api_key=...`: the key must not be in any argv (docs/SECURITY.md)."""
+    if any(s.split("=", 1)[0].strip() == "api_key" for s in sets):
+        raise VfleetError(WHY, key="--set api_key", fix=fix)
 
 
 def read_api_key_file(path: str) -> str:

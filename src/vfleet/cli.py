@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from . import __version__
+from .apikey import refuse_key_in_sets
 from .balancer import add_parser as add_balancer_parser
 from .benchmark.cli import add_parser as add_bench_parser
 from .compile import Launch, resolve
@@ -83,12 +84,20 @@ def _deployment_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# Where a key goes instead of --set (render, explain, plan, check-args).
+KEY_FIX = (
+    "api_key in a deployment file (--deployment FILE, chmod 600), or API_KEY_FILE=FILE at "
+    "make deploy (docs/SECURITY.md)"
+)
+
+
 def _launch(a: argparse.Namespace) -> Launch:
     if not a.deployment and not (a.profile and a.model):
         raise VfleetError(
             "missing --profile and --model (or --deployment FILE)",
             fix="e.g. --profile cpu --model tiny-hybrid-mtp",
         )
+    refuse_key_in_sets(a.sets, fix=KEY_FIX)
     return resolve(
         a.profile,
         a.model,
@@ -178,6 +187,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
 
 def _plan_sets(a: argparse.Namespace) -> list[str]:
+    refuse_key_in_sets(a.sets, fix=KEY_FIX)
     sets = list(a.sets)
     for flag, key in (
         ("kv_space_gib", "kv_space_gib"),

@@ -381,18 +381,16 @@ def _api_key(sets: list[str], api_key_file: str | None) -> str | None:
 
 
 def cmd_swap(a: argparse.Namespace) -> int:
+    from .apikey import refuse_key_in_sets
     from .benchmark.target import endpoint
     from .doctor import _settings, host_plan
     from .remote import host_vars
 
-    if any(s.startswith("api_key=") for s in a.sets or []):
-        raise VfleetError(
-            "an API key on the command line is readable by every local user (ps) and would "
-            "be passed on in ansible-playbook's command line",
-            key="--set api_key",
-            fix="--api-key-file FILE (the key on one line, chmod 600), or api_key in the "
-            "inventory's vfleet_set from a vault variable",
-        )
+    refuse_key_in_sets(
+        a.sets or [],
+        fix="--api-key-file FILE (the key on one line, chmod 600), or api_key in the "
+        "inventory's vfleet_set from a vault variable",
+    )
     if not (profiles_dir() / "models" / f"{a.model}.yaml").exists():
         names = sorted(p.stem for p in (profiles_dir() / "models").glob("*.yaml"))
         raise VfleetError(

@@ -25,6 +25,7 @@ from .perfgate import (
     LOWER_IS_BETTER,
     TOLERANCE_KEYS,
     MeasureError,
+    Reference,
     Tolerances,
     Verdict,
     decide,
@@ -188,6 +189,28 @@ def _previous(path: str | None) -> PerfRecord | None:
         ) from None
 
 
+def _confirmed(
+    first: Verdict,
+    a: argparse.Namespace,
+    url: str,
+    shape: BenchShape,
+    reference: Reference | None,
+    tolerances: Tolerances,
+) -> Verdict:
+    """A failed bench is measured once more, and the release fails only if that fails too. A
+    busy neighbour for a few seconds (seen in CI: a TTFT p95 of 1.41 s against 0.09 s, every
+    other figure as before) is not a slower release; a slower release fails both benches."""
+    print(f"{first.text()}\nmeasuring once more to confirm", file=sys.stderr)
+    m = measure(url, a.model, shape, api_key=_api_key(a.api_key_env), seed=1)
+    second = decide(reference, m.figures, shape, tolerances, a.speculative)
+    why = (
+        "confirmed by a second bench"
+        if second.state == "fail"
+        else "the first bench failed (" + "; ".join(first.reasons) + "), a second one passed"
+    )
+    return replace(second, reasons=(*second.reasons, why))
+
+
 def cmd_check(a: argparse.Namespace) -> int:
     shape = _shape(a)
     tolerances = parse_tolerances(a.tolerance or [])
@@ -205,6 +228,8 @@ def cmd_check(a: argparse.Namespace) -> int:
         try:
             m = measure(url, a.model, shape, api_key=_api_key(a.api_key_env))
             verdict = decide(reference, m.figures, shape, tolerances, a.speculative)
+            if verdict.state == "fail":
+                verdict = _confirmed(verdict, a, url, shape, reference, tolerances)
         except MeasureError as exc:
             verdict = Verdict(
                 "fail", (f"not measured: {exc}",), reference.source if reference else None

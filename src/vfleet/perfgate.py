@@ -72,14 +72,16 @@ class Tolerances:
     to 41 % on the shared 2-core machine, so 0.55; tokens per step by 23 % (at concurrency 4,
     where the batch varies), so 0.30. TTFT p95 of a 64-token prompt is tens of ms and jumped
     by up to 0.15 s (5.5x): it fails only when it at least doubled AND rose by more than
-    `ttft_slack_s` (0.15 s x 1.25, rounded up). The wired test model always accepts its
-    draft, so acceptance showed no noise: 0.10 is a judgement, not a measurement."""
+    `ttft_slack_s`: 0.5 s, because CI on a loaded machine saw an as-fast release's TTFT p95 rise
+    0.21 -> 0.47 s in two benches in a row (and 0.09 -> 1.41 s once, gone at the second).
+    The wired test model always accepts its draft, so acceptance showed no noise: 0.10 is a
+    judgement, not a measurement."""
 
     output_tps: float = 0.55
     ttft_p95_s: float = 1.00
     acceptance_rate: float = 0.10
     tokens_per_step: float = 0.30
-    ttft_slack_s: float = 0.20  # seconds TTFT p95 may rise whatever the ratio
+    ttft_slack_s: float = 0.50  # seconds TTFT p95 may rise whatever the ratio (CI: +0.25 s)
 
     def of(self, figure: str) -> float:
         value: float = getattr(self, figure)

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import REPO, Result, require_tools, tree_digest
 from vfleet.config.profiles import load_model
+from vfleet.engine.rules import DraftVocabBuild
+from vfleet.render.plan import Plan
 from vfleet.render.plan import plan as deploy_plan
 
 SHIPPED = REPO / "profiles" / "models" / "tiny-hybrid-mtp.draft-vocab.json"
@@ -114,9 +116,11 @@ def _host(tmp_path: Path) -> tuple[Path, Path]:
     return base, model
 
 
-def _role_task(tmp_path: Path, plan: dict[str, object]) -> str:
+def _role_task(tmp_path: Path, plan: Plan) -> str:
     """tasks/draft_vocab.yml of the real role, run by ansible-playbook against this machine."""
-    (tmp_path / "plan.json").write_text(json.dumps({"vfleet_plan": plan, "vfleet_pm": "pm2"}))
+    (tmp_path / "plan.json").write_text(
+        json.dumps({"vfleet_plan": plan.as_dict(), "vfleet_pm": "pm2"})
+    )
     (tmp_path / "play.yml").write_text(
         "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
         "    - ansible.builtin.include_role: {name: vfleet, tasks_from: draft_vocab}\n"
@@ -161,8 +165,8 @@ def test_the_deploy_builds_the_table_from_the_models_tokenizer_and_the_default_c
     base, model = _host(tmp_path)
     p = deploy_plan("cpu", "tiny-hybrid-mtp", base_dir=str(base), profiles_dir=str(profiles_copy))
     out = f"{base}/instances/main/state/draft-vocab.json"
-    assert p["draft_vocab_build"] == {"out": out, "corpus": None, "top": 512}
-    env = next(f["content"] for f in p["files"] if f["name"] == "vllm.env")
+    assert p.model.draft_vocab_build == DraftVocabBuild(out=out, corpus=None, top=512)
+    env = p.file("vllm.env")
     assert f"VFLEET_SM75_DRAFT_VOCAB='{out}'" in env
     assert "changed=1" in _recap(_role_task(tmp_path, p))
     table = draft_vocab.load(out)  # the plugin's own reader, as at vLLM start
@@ -188,7 +192,7 @@ def test_the_operators_corpus_builds_the_table_and_a_new_corpus_rebuilds_it(
     sets = [f"draft_vocab_corpus={corpus}", "draft_vocab_top=64"]
     p = deploy_plan("cpu", "tiny-hybrid-mtp", base_dir=str(base), sets=sets)
     out = f"{base}/instances/main/state/draft-vocab.json"
-    assert p["draft_vocab_build"] == {"out": out, "corpus": str(corpus), "top": 64}
+    assert p.model.draft_vocab_build == DraftVocabBuild(out=out, corpus=str(corpus), top=64)
     assert "changed=1" in _recap(_role_task(tmp_path, p))
     first = draft_vocab.load(out)
     assert len(first.token_ids) == 64 and first.source["corpus"][0]["file"] == "answers.txt"

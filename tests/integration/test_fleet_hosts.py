@@ -132,7 +132,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     t0 = time.monotonic()
     defaults = yaml.safe_load((REPO / "ansible/roles/vfleet/defaults/main.yml").read_text())
     base = nspawn.base_root(log, npm_seed=[f"pm2@{defaults['vfleet_pm2_version']}"])
-    packages = plan("cpu", MODEL)["packages"]
+    packages = plan("cpu", MODEL).software.packages
     wheels = wheelhouse(packages, log)
     record("setup_root_and_wheels_s", round(time.monotonic() - t0, 1))
     key = nspawn.make_key(tmp)
@@ -380,12 +380,12 @@ def test_fleet_deploy_serves_on_both_hosts(fleet: Fleet) -> None:
     # Bytecode (rule "caches"): vLLM's goes to the instance's cache, also under systemd's
     # ProtectSystem=strict, and the venv has none (the role installs with --no-compile). Without
     # it every start compiled torch and vLLM from source (docs/BENCHMARKS.md).
-    dirs = plan("cpu", MODEL)["dirs"]
-    pycache = f"{dirs['cache']}/{CACHE_ENV['PYTHONPYCACHEPREFIX']}"
+    dirs = plan("cpu", MODEL).dirs
+    pycache = f"{dirs.cache}/{CACHE_ENV['PYTHONPYCACHEPREFIX']}"
     for node in (node1, node2):
         cached = node.host.run(f"find {pycache} -path '*/vllm/*.pyc' | head -n 1").stdout
         assert cached.strip(), f"{node.host.name}: no vLLM bytecode under {pycache}"
-        in_venv = node.host.run(f"find {dirs['venv']}/lib -path '*/vllm/*.pyc' | head -n 1")
+        in_venv = node.host.run(f"find {dirs.venv}/lib -path '*/vllm/*.pyc' | head -n 1")
         assert in_venv.stdout.strip() == "", in_venv.stdout
 
 
@@ -505,7 +505,7 @@ def test_api_key_is_nowhere_but_the_0600_env_file(fleet: Fleet) -> None:
     """Issue 22, findings 2 and 3, on both hosts after the deploys above (systemd on node1, pm2
     on node2); the control machine's processes were watched during each make (KeyWatch)."""
     assert API_KEY not in (fleet.logs / "make.log").read_text()  # make's echo included
-    venv = plan("cpu", MODEL)["dirs"]["venv"]
+    venv = plan("cpu", MODEL).dirs.venv
     problems: list[str] = []  # every host checked in full, then one report
     for name, node in fleet.nodes.items():
         procs = processes(node)
@@ -576,7 +576,7 @@ def test_api_key_is_nowhere_but_the_0600_env_file(fleet: Fleet) -> None:
     node1 = fleet.nodes["node1"]
     mode = node1.host.run("stat -c '%a %U' /opt/vfleet/instances/main/current/vllm.env").stdout
     # Owned by the service user, which launch.sh runs as; readable by no one else.
-    assert mode.split() == ["600", plan("cpu", MODEL)["service_user"]]
+    assert mode.split() == ["600", plan("cpu", MODEL).service.user]
 
 
 def doctor(fleet: Fleet, host: str, *args: str) -> tuple[int, dict[str, Any]]:
@@ -690,7 +690,7 @@ def test_bench_by_host_goes_through_an_ssh_tunnel(fleet: Fleet, tmp_path: Path) 
 def test_services_run_unprivileged_and_units_read_back_exactly(fleet: Fleet) -> None:
     """Issue 22: the units' hardening on a real systemd, and systemd's own reading of values."""
     node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
-    user = plan("cpu", MODEL)["service_user"]
+    user = plan("cpu", MODEL).service.user
     limits = {"vfleet-vllm@main.service": 3.5, "vfleet-sidecar@main.service": 2.0}
     for unit, limit in limits.items():
         pid = unit_show(node1, unit)["MainPID"]
@@ -720,7 +720,7 @@ def test_services_run_unprivileged_and_units_read_back_exactly(fleet: Fleet) -> 
     run = node1.host.run(
         "systemd-run --wait --pipe --quiet "
         + " ".join(shlex.quote(f"--property={p}") for p in props)
-        + f" -- {plan('cpu', MODEL)['dirs']['venv']}/bin/python -c {shlex.quote(jit)}",
+        + f" -- {plan('cpu', MODEL).dirs.venv}/bin/python -c {shlex.quote(jit)}",
         timeout=600,
     )
     assert abs(float(run.stdout.strip().splitlines()[-1]) - 8 * math.sin(2)) < 1e-4, run.stdout
@@ -748,7 +748,7 @@ def test_kill9_of_the_engine_comes_back_ready(fleet: Fleet) -> None:
     t0 = time.monotonic()
     node1.host.run(f"kill -9 {engine[0]}")
     # Bounded: the restart budget is RestartSec + the profile's start timeout.
-    deadline = t0 + 10 + plan("cpu", MODEL)["start_timeout_s"]
+    deadline = t0 + 10 + plan("cpu", MODEL).service.start_timeout_s
     seen_down = False
     while time.monotonic() < deadline:
         st = unit_show(node1)

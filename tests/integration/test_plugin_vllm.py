@@ -296,7 +296,8 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
     assert info.samples[0].labels["plugin_features"] == "draft-prune"
 
     # vfleet doctor: hostfacts reads the file the rendered VFLEET_SM75_STATE names.
-    from vfleet.fleet.doctor import check_plugin, request
+    from vfleet.fleet.doctor import check_plugin
+    from vfleet.fleet.inventory import request
     from vfleet.hostside.hostfacts import gather
     from vfleet.render.plan import plan as deploy_plan
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import REPO, Result
 from vfleet.errors import VfleetError
-from vfleet.render.plan import plan
+from vfleet.render.plan import Plan, plan
 
 KEY = "sk-file-key-4b7e91"
 
@@ -33,10 +33,8 @@ def key_file(tmp_path: Path, text: str = KEY + "\n", mode: int = 0o600) -> Path:
     return path
 
 
-def env_file(p: dict[str, object]) -> str:
-    files = p["files"]
-    assert isinstance(files, list)
-    return str(next(f["content"] for f in files if f["name"] == "vllm.env"))
+def env_file(p: Plan) -> str:
+    return p.file("vllm.env")
 
 
 def make(*args: str) -> subprocess.CompletedProcess[str]:
@@ -70,10 +68,10 @@ def test_make_passes_the_file_path_never_the_key(tmp_path: Path) -> None:
 def test_the_plan_reads_the_key_file_into_the_0600_env_file_only(tmp_path: Path) -> None:
     p = plan("cpu", "tiny-dense", api_key_file=str(key_file(tmp_path)))
     assert f"VLLM_API_KEY='{KEY}'" in env_file(p)
-    for f in p["files"]:
-        assert (KEY in f["content"]) == (f["name"] == "vllm.env"), f["name"]
+    for f in p.files:
+        assert (KEY in f.content) == (f.name == "vllm.env"), f.name
     # The same release as the key given as a setting (a vault variable in the inventory).
-    assert p["release_id"] == plan("cpu", "tiny-dense", sets=[f"api_key={KEY}"])["release_id"]
+    assert p.release_id == plan("cpu", "tiny-dense", sets=[f"api_key={KEY}"]).release_id
 
 
 @pytest.mark.parametrize(

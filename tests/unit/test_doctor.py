@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,12 @@ import pytest
 from tests.conftest import REPO, Result
 from tests.support.vllm_server import Process, free_port
 from vfleet.errors import VfleetError
-from vfleet.fleet import doctor, remote
-from vfleet.fleet.doctor import Finding, findings_from, judge, last_error, launch_argv, request
+from vfleet.fleet import doctor
+from vfleet.fleet import inventory as fleet_inventory
+from vfleet.fleet.doctor import Finding, findings_from, judge, last_error, launch_argv
+from vfleet.fleet.inventory import request
 from vfleet.hostside import hostfacts
+from vfleet.render.plan import Plan
 from vfleet.render.plan import plan as deploy_plan
 
 SECRET = "sk-doctor-test-8f3a1c"
@@ -136,24 +140,24 @@ class Host:
                 *(sets or []),
             ],
         )
-        d = self.plan["dirs"]
-        release = Path(d["release"])
+        d = self.plan.dirs
+        release = Path(d.release)
         release.mkdir(parents=True)
-        for f in self.plan["files"]:
-            (release / f["name"]).write_text(f["content"])
-        os.symlink(release, d["current"])
-        (Path(d["venv"]) / "bin").mkdir(parents=True)
-        (Path(d["venv"]) / "bin" / "python").symlink_to(sys.executable)
-        model = Path(self.plan["model_dir"])
+        for f in self.plan.files:
+            (release / f.name).write_text(f.content)
+        os.symlink(release, d.current)
+        (Path(d.venv) / "bin").mkdir(parents=True)
+        (Path(d.venv) / "bin" / "python").symlink_to(sys.executable)
+        model = Path(self.plan.model.dir)
         model.mkdir(parents=True)
         (model / "config.json").write_text(
             json.dumps({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"})
         )
         (model / "model.safetensors").write_bytes(b"\0" * 4096)
-        Path(self.plan["log_file"]).parent.mkdir(parents=True)
-        Path(self.plan["log_file"]).write_text(START_FAILURE)
+        Path(self.plan.service.log_file).parent.mkdir(parents=True)
+        Path(self.plan.service.log_file).write_text(START_FAILURE)
         # The fake vLLM, importable as the server module the plan names.
-        *packages, module = self.plan["server_module"].split(".")
+        *packages, module = self.plan.service.server_module.split(".")
         pkg = root / "fakemods"
         for name in packages:
             pkg = pkg / name
@@ -172,7 +176,7 @@ class Host:
     ) -> Process:
         """Start the fake vLLM as launch.sh would: its argv, vllm.env's environment."""
         environ = {
-            **hostfacts.parse_env(doctor.rendered_file(self.plan, "vllm.env")),
+            **hostfacts.parse_env(self.plan.file("vllm.env")),
             **(env or {}),
             "PATH": os.environ["PATH"],
             "PYTHONPATH": str(self.root / "fakemods"),
@@ -197,7 +201,7 @@ class Host:
                 time.sleep(0.05)
 
     def facts(self) -> dict[str, Any]:
-        return remote.run_hostfacts(
+        return fleet_inventory.run_hostfacts(
             "localhost", {"ansible_connection": "local"}, request(self.plan), "python3"
         )
 
@@ -252,8 +256,8 @@ def test_hostfacts_finds_the_instance_and_never_prints_the_secret(
     inst = facts["instance"]
     assert proc.proc is not None and inst["pid"] == proc.proc.pid
     assert inst["argv"] == launch_argv(host.plan)
-    assert inst["config_realpath"] == f"{host.plan['dirs']['release']}/vllm.yaml"
-    assert inst["config_text"] == doctor.rendered_file(host.plan, "vllm.yaml")
+    assert inst["config_realpath"] == f"{host.plan.dirs.release}/vllm.yaml"
+    assert inst["config_text"] == host.plan.file("vllm.yaml")
     assert inst["environ"]["VLLM_API_KEY"] == hostfacts.sha256(SECRET)
     assert inst["environ"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert "PYTHONPATH" not in inst["environ"]  # only the requested keys and prefixes
@@ -278,16 +282,16 @@ def test_hostfacts_finds_the_instance_and_never_prints_the_secret(
         "safetensors": True,
         "weights_bytes": None,
     }
-    assert facts["release"]["current"] == host.plan["dirs"]["release"]
+    assert facts["release"]["current"] == host.plan.dirs.release
     assert facts["log_tail"] == START_FAILURE.splitlines()
-    assert set(facts["packages"]) == set(host.plan["os_packages"])
+    assert set(facts["packages"]) == set(host.plan.software.os_packages)
     assert facts["gpus"] is None  # a CPU request does not ask nvidia-smi
 
 
 def test_hostfacts_masks_a_secret_wherever_it_shows_up(host: Host) -> None:
     # Someone started it by hand with another key on the command line; vLLM logged its args.
     other = "sk-typed-by-hand-42"
-    with open(host.plan["log_file"], "a") as fh:
+    with open(host.plan.service.log_file, "a") as fh:
         fh.write(f"non-default args: {{'api_key': ['{other}'], 'x': '{SECRET}'}}\n")
     host.start(argv=[*launch_argv(host.plan), "--api-key", other])
     facts = host.facts()
@@ -333,7 +337,7 @@ def test_running_instance_as_rendered_has_no_drift(
         Finding(
             "drift",
             "ok",
-            f"the running instance matches the rendered release {host.plan['release_id']}",
+            f"the running instance matches the rendered release {host.plan.release_id}",
         )
     ]
     assert (
@@ -352,7 +356,7 @@ def test_running_instance_as_rendered_has_no_drift(
 
 def test_a_leftover_copy_of_the_server_is_named(host: Host) -> None:
     first = host.start()
-    config = f"{host.plan['dirs']['current']}/vllm.yaml"
+    config = f"{host.plan.dirs.current}/vllm.yaml"
     second = Process(
         [sys.executable, "-c", "import time; time.sleep(60)", "--config", config],
         host.root / "second.log",
@@ -373,18 +377,18 @@ def test_a_leftover_copy_of_the_server_is_named(host: Host) -> None:
 
 def test_drift_names_exactly_the_key_that_differs(host: Host) -> None:
     host.start()
-    current = Path(host.plan["dirs"]["current"]) / "vllm.yaml"
+    current = Path(host.plan.dirs.current) / "vllm.yaml"
     current.write_text(current.read_text().replace("max-num-seqs: 4", "max-num-seqs: 8"))
     drifted = doctor.drift(host.plan, host.facts())
     assert [(f.check, f.status) for f in drifted] == [("drift:vllm.yaml", "warn")]
     assert drifted[0].message == (
-        f"max-num-seqs: rendered 4, {host.plan['dirs']['release']}/vllm.yaml has 8"
+        f"max-num-seqs: rendered 4, {host.plan.dirs.release}/vllm.yaml has 8"
     )
 
 
 def test_drift_of_argv_and_environment(host: Host) -> None:
     # Started by hand, not by launch.sh: another argv, an extra VLLM_ variable, another key.
-    config = f"{host.plan['dirs']['current']}/vllm.yaml"
+    config = f"{host.plan.dirs.current}/vllm.yaml"
     host.start(
         argv=[sys.executable, "-c", FAKE_VLLM, "--config", config],
         env={"VLLM_API_KEY": "another-key-123", "VLLM_ATTENTION_BACKEND": "TORCH_SDPA"},
@@ -433,8 +437,8 @@ def test_the_judge_says_why_a_service_failed(host: Host) -> None:
     pm2 = one(judge(host.plan, facts), "service")
     assert pm2.status == "fail"
     assert pm2.message.startswith(
-        f"pm2 vfleet-vllm-main: errored after 5 restarts; last error in {host.plan['log_file']}: "
-        + why
+        "pm2 vfleet-vllm-main: errored after 5 restarts; last error in "
+        f"{host.plan.service.log_file}: " + why
     )
     assert pm2.fix.endswith("pm2 restart vfleet-vllm-main")
     facts["pm2"] = None
@@ -480,7 +484,7 @@ def test_last_error_finds_the_root_cause_and_argparse_errors() -> None:
 
 def test_a_fresh_host_is_not_deployed_and_the_generated_model_is_fine(tmp_path: Path) -> None:
     p = deploy_plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "nothing-yet"))
-    facts = remote.run_hostfacts(
+    facts = fleet_inventory.run_hostfacts(
         "localhost", {"ansible_connection": "local"}, request(p), "python3"
     )
     found = findings_from(p, facts)
@@ -492,13 +496,13 @@ def test_a_fresh_host_is_not_deployed_and_the_generated_model_is_fine(tmp_path: 
     assert one(judge(p, facts), "service").message == "instance main not deployed"
     # The preset's weights are not generated: without a folder, that is a failure.
     q = deploy_plan("cpu", "tiny-dense", base_dir=str(tmp_path / "nothing-yet"))
-    q["model_generator"] = None
-    model = one(judge(q, facts | {"model": hostfacts.model_facts(q["model_dir"])}), "model")
+    q = replace(q, model=replace(q.model, generator=None))
+    model = one(judge(q, facts | {"model": hostfacts.model_facts(q.model.dir)}), "model")
     assert model.status == "fail" and "model_dir=/path/to/weights" in model.fix
 
 
 def test_model_folder_of_another_preset_fails(host: Host) -> None:
-    cfg = Path(host.plan["model_dir"]) / "config.json"
+    cfg = Path(host.plan.model.dir) / "config.json"
     cfg.write_text(
         json.dumps(
             {"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "fp8"}}
@@ -515,7 +519,7 @@ def test_model_folder_of_another_preset_fails(host: Host) -> None:
 # --------------------------------------------------------------------------- CPU and host facts
 
 
-def base_facts(plan: dict[str, Any]) -> dict[str, Any]:
+def base_facts(plan: Plan) -> dict[str, Any]:
     """A healthy, not yet deployed CPU host as hostfacts reports it."""
     free = {"listening": False, "addresses": [], "owners": []}
     return {
@@ -528,7 +532,7 @@ def base_facts(plan: dict[str, Any]) -> dict[str, Any]:
         "time_sync": True,
         "model": hostfacts.model_facts("/nonexistent/model"),
         "release": {"current": None, "switched_at": None},
-        "ports": {str(plan["port"]): free, str(plan["sidecar"]["port"]): free},
+        "ports": {str(plan.service.port): free, str(plan.sidecar.port): free},
         "errors": [],
     }
 
@@ -565,9 +569,7 @@ def test_cpu_profile_checks_avx2_memory_packages_python_and_disk() -> None:
 # --------------------------------------------------------------------------- GPU (recorded text)
 
 
-def gpu_facts(
-    plan: dict[str, Any], query: str, header: str, topology: str, apps: str = ""
-) -> dict[str, Any]:
+def gpu_facts(plan: Plan, query: str, header: str, topology: str, apps: str = "") -> dict[str, Any]:
     return base_facts(plan) | {
         "gpus": {"query": query, "header": header, "topology": topology, "apps": apps},
         "packages": {},
@@ -768,8 +770,8 @@ def test_ssh_failure_is_a_clear_error(tmp_path: Path) -> None:
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o 'UserKnownHostsFile /dev/null'",
     }
     (inv / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"gpu1": host}}}))
-    hv = remote.host_vars(str(inv), "gpu1")
-    assert remote.ssh_argv("gpu1", hv) == [
+    hv = fleet_inventory.host_vars(str(inv), "gpu1")
+    assert fleet_inventory.ssh_argv("gpu1", hv) == [
         "ssh",
         "-o",
         "BatchMode=yes",
@@ -785,9 +787,11 @@ def test_ssh_failure_is_a_clear_error(tmp_path: Path) -> None:
         "UserKnownHostsFile /dev/null",
         "ops@127.0.0.1",
     ]
-    assert remote.become(hv, "gpu1") == ["sudo", "-n", "-u", "vllm"]
+    assert fleet_inventory.become(hv, "gpu1") == ["sudo", "-n", "-u", "vllm"]
     with pytest.raises(VfleetError) as failed:
-        remote.run_hostfacts("gpu1", hv, request(deploy_plan("cpu", "tiny-dense")), "python3")
+        fleet_inventory.run_hostfacts(
+            "gpu1", hv, request(deploy_plan("cpu", "tiny-dense")), "python3"
+        )
     text = failed.value.render()
     assert failed.value.exit_code == 2
     assert text.startswith("error: host gpu1: ssh to ops@127.0.0.1 failed:")

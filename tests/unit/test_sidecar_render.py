@@ -17,7 +17,7 @@ def test_sidecar_listens_where_vllm_does_and_tools_use_loopback() -> None:
         assert json.loads(files["sidecar.json"])["listen"] == f"{host}:9501"
         assert scrape_target(launch)["sidecar_port"] == 9501
         p = plan("cpu", "tiny-dense", sets=[f"host={host}", "port=8001"])
-        assert p["sidecar"]["url"] == f"http://{reached}:9501"
+        assert p.sidecar.url == f"http://{reached}:9501"
 
 
 def test_sidecar_port_must_differ_from_vllm() -> None:

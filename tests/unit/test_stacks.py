@@ -212,7 +212,8 @@ def test_pins_are_what_the_role_and_the_image_install() -> None:
         "torch==2.11.0",
         "flashinfer-python==0.6.8.post1",
     ]
-    assert plan("4x2080ti-22g", "qwen3.6-27b-awq-int4")["packages"] == stacks.requirements(stack)
+    p = plan("4x2080ti-22g", "qwen3.6-27b-awq-int4")
+    assert p.software.packages == stacks.requirements(stack)
 
 
 def test_platform_tags_cover_the_stacks_glibc_and_older() -> None:

@@ -8,6 +8,7 @@ judges the facts it printed, with the same code as `vfleet doctor HOST`, into
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -24,14 +25,24 @@ options:
 """
 
 
+def _plain(value: Any) -> Any:
+    """Ansible's lazy containers as plain dicts and lists (pydantic reads their raw items)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[Any]:
         try:
-            from vfleet.fleet.doctor import preflight, request
-            from vfleet.fleet.remote import HOSTFACTS
+            from vfleet.fleet.doctor import preflight
+            from vfleet.fleet.inventory import HOSTFACTS, request
+            from vfleet.render.plan import Plan
         except ImportError as exc:
             raise AnsibleError(f"vfleet is not importable by Ansible's Python ({exc})") from None
-        plan = kwargs["plan"]
+        plan = Plan.from_dict(_plain(kwargs["plan"]))  # the dict vfleet_plan returned
         if kwargs.get("facts") is None:
             return [{"script": str(HOSTFACTS), "request": request(plan)}]
         findings = preflight(plan, kwargs["facts"])

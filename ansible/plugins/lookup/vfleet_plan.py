@@ -16,7 +16,8 @@ DOCUMENTATION = r"""
 name: vfleet_plan
 short_description: render a vfleet instance (files + facts) on the controller
 description:
-  - Calls vfleet.render.plan.plan() with the given keyword arguments and returns its dict.
+  - Calls vfleet.render.plan.plan() with the given keyword arguments and returns its dict
+    (Plan.as_dict(), the one place where the typed plan becomes the role's dict).
 options:
   profile: {description: hardware profile name, required: true}
   model: {description: model preset name, required: true}
@@ -44,6 +45,6 @@ class LookupModule(LookupBase):
             ) from None
         args = {k: v for k, v in kwargs.items() if v not in (None, "")}
         try:
-            return [plan(**args)]
+            return [plan(**args).as_dict()]
         except VfleetError as exc:
             raise AnsibleError(exc.render()) from None

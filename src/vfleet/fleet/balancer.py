@@ -32,6 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from vfleet.errors import VfleetError
+from vfleet.fleet.inventory import (
+    host_namespace,
+    host_plan,
+    host_vars,
+    hosts_of,
+    inventory_arg,
+    literal,
+)
+from vfleet.render.release import template_env
 
 STATE = "balancer.json"
 CONF = "nginx.conf"
@@ -64,8 +73,6 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def render_conf(state: dict[str, Any], prefix: Path) -> str:
-    from vfleet.render.release import template_env
-
     replicas = [Replica(**r) for r in state["replicas"]]
     return (
         template_env()
@@ -214,10 +221,6 @@ def replicas_from_inventory(
 ) -> tuple[list[Replica], str, int]:
     """The group's replicas (address and port of each instance), their served model name, and
     the longest drain time (--shutdown-timeout) among them."""
-    from vfleet.fleet.doctor import host_plan
-    from vfleet.fleet.remote import host_vars, literal
-    from vfleet.fleet.swap import host_namespace, hosts_of
-
     replicas: list[Replica] = []
     names: set[str] = set()
     drain = 0
@@ -226,16 +229,16 @@ def replicas_from_inventory(
         plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
         local = str(literal(hv, "ansible_connection", host)) == "local"
         address = "127.0.0.1" if local else str(literal(hv, "ansible_host", host) or host)
-        listen = str(plan["listen_host"])
+        listen = plan.service.listen_host
         if listen.startswith("127.") and not address.startswith("127."):
             raise VfleetError(
                 f"{host}'s vLLM listens on {listen}: a balancer elsewhere cannot reach it",
                 where=f"inventory host {host}",
                 fix="set host=0.0.0.0 in its vfleet_set (behind a firewall) and deploy again",
             )
-        replicas.append(Replica(host, address, int(plan["port"])))
-        names.add(str(plan["served_model_name"]))
-        drain = max(drain, int(plan["shutdown_timeout_s"]))
+        replicas.append(Replica(host, address, plan.service.port))
+        names.add(plan.service.served_model_name)
+        drain = max(drain, plan.service.shutdown_timeout_s)
     if len(names) > 1:
         raise VfleetError(
             f"the replicas of {group} serve different names: {', '.join(sorted(names))}",
@@ -342,8 +345,6 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vfleet.fleet.doctor import inventory_arg
-
     p = sub.add_parser(
         "balancer",
         help="nginx in front of a model group's replicas; drain and admit one host",

@@ -13,6 +13,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from vfleet.fleet.inventory import host_args, host_plan, host_vars, request, run_hostfacts
+
 EXAMPLES = """\
 examples:
   vfleet releases localhost
@@ -41,9 +43,6 @@ def _when(ts: float) -> str:
 
 
 def cmd_releases(a: argparse.Namespace) -> int:
-    from vfleet.fleet.doctor import host_plan, request
-    from vfleet.fleet.remote import host_vars, run_hostfacts
-
     hv = host_vars(a.inventory, a.host)
     plan, python = host_plan(a, hv)
     facts = run_hostfacts(a.host, hv, request(plan), python)
@@ -52,7 +51,7 @@ def cmd_releases(a: argparse.Namespace) -> int:
     if a.json:
         out = {
             "host": a.host,
-            "instance": plan["instance"],
+            "instance": plan.instance,
             "current": release.get("current"),
             "previous": release.get("previous"),
             "switched_at": release.get("switched_at"),
@@ -60,7 +59,7 @@ def cmd_releases(a: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
         return 0
-    where = f"{a.host}, instance {plan['instance']} ({plan['dirs']['releases']})"
+    where = f"{a.host}, instance {plan.instance} ({plan.dirs.releases})"
     if not listed:
         print(f"{where}: no release (never deployed)")
         return 0
@@ -78,8 +77,6 @@ def cmd_releases(a: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vfleet.fleet.doctor import host_args
-
     p = sub.add_parser(
         "releases",
         help="the releases kept on a host: current, previous, when, which model",

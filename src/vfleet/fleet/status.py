@@ -23,8 +23,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from vfleet.config.profiles import find_baseline
 from vfleet.config.schema import DEFAULT_INSTANCE, HostVars
 from vfleet.errors import VfleetError
+from vfleet.fleet.inventory import (
+    become,
+    host_namespace,
+    host_plan,
+    host_vars,
+    hosts_of,
+    inventory_arg,
+    literal,
+    ssh_argv,
+)
+from vfleet.fleet.targets import endpoint
 
 _IMPORT_ERROR: ImportError | None = None
 try:
@@ -214,17 +226,13 @@ def inventory_targets(
     """Each inventory host's instance as a target: its release and since when, read over ssh,
     and its vLLM through an ssh tunnel where it listens on the host's loopback. Tunnels go into
     ``tunnels`` as they open, so that the caller closes them even when a later host fails."""
-    from vfleet.fleet.doctor import host_plan
-    from vfleet.fleet.remote import become, host_vars, literal, ssh_argv
-    from vfleet.fleet.swap import host_namespace, hosts_of
-    from vfleet.fleet.targets import endpoint
 
     targets: list[Target] = []
     for host in hosts_of(inventory, pattern):
         hv = host_vars(inventory, host)
         plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
-        current = str(plan["dirs"]["current"])
-        name = host if plan["instance"] == DEFAULT_INSTANCE else f"{host}/{plan['instance']}"
+        current = plan.dirs.current
+        name = host if plan.instance == DEFAULT_INSTANCE else f"{host}/{plan.instance}"
         argv = [*become(hv, host), "sh", "-c", _REMOTE_READ, "sh", current]
         if str(literal(hv, "ansible_connection", host)) != "local":
             argv = [*ssh_argv(host, hv), shlex.join(argv)]
@@ -237,10 +245,10 @@ def inventory_targets(
             labels = {str(k): str(v) for k, v in data.get("labels", {}).items()}
             info = {str(k): str(v) for k, v in data.get("info", {}).items()}
             info.setdefault("release", Path(lines[0].strip()).name)
-            url, tunnel, _how = endpoint(host, hv, plan)
+            url, tunnel, _how = endpoint(host, hv, plan.service)
         except (OSError, ValueError, subprocess.TimeoutExpired, VfleetError) as exc:
             why = f"cannot read {current} on {host}: {exc}"
-            targets.append(Target(f"ssh://{host}", name, plan["instance"], error=why))
+            targets.append(Target(f"ssh://{host}", name, plan.instance, error=why))
             continue
         if tunnel is not None:
             tunnels.append(tunnel)
@@ -251,7 +259,7 @@ def inventory_targets(
             Target(
                 url,
                 name,
-                str(plan["instance"]),
+                plan.instance,
                 labels,
                 info,
                 since,
@@ -456,8 +464,6 @@ def _iso(t: float | None) -> str | None:
 
 def _baseline_decode(target: Target) -> dict[str, Any] | None:
     """The decode speed normal for this deployment (profiles/baselines/), if measured."""
-    from vfleet.config.profiles import find_baseline
-    from vfleet.errors import VfleetError
 
     profile, preset = target.labels.get("profile"), target.labels.get("preset")
     if not profile or not preset:
@@ -620,8 +626,6 @@ def _timeout(text: str) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vfleet.fleet.doctor import inventory_arg
-
     p = sub.add_parser(
         "status",
         help="live figures of vLLM servers (decode speed, acceptance, latency), no Prometheus",

@@ -29,13 +29,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vfleet.config.apikey import read_api_key_file, refuse_key_in_sets
 from vfleet.config.profiles import profiles_dir
 from vfleet.errors import VfleetError
-from vfleet.fleet.perfgate import DEFAULT_CONCURRENCY, DEFAULT_TOLERANCES, TOLERANCE_KEYS, Verdict
+from vfleet.fleet.balancer import load
+from vfleet.fleet.inventory import (
+    ANSIBLE_CFG,
+    ansible_bin,
+    api_key_file_arg,
+    host_namespace,
+    host_plan,
+    host_settings,
+    host_vars,
+    hosts_of,
+    inventory_arg,
+)
+from vfleet.fleet.perfgate import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_TOLERANCES,
+    TOLERANCE_KEYS,
+    Verdict,
+    require,
+)
+from vfleet.fleet.perfgate_run import parse_tolerances
+from vfleet.fleet.targets import endpoint
 from vfleet.paths import REPO_ROOT
 
 PLAYBOOK = REPO_ROOT / "ansible" / "swap.yml"
-ANSIBLE_CFG = REPO_ROOT / "ansible" / "ansible.cfg"
 DEFAULT_SERIAL = "1,50%"
 PROBE_TIMEOUT_S = 30.0
 BALANCER = "(balancer)"  # the report's row for the balancer's own endpoint
@@ -270,39 +290,8 @@ def parse_serial(text: str) -> list[int | str]:
     return [x if x.endswith("%") else int(x) for x in items]
 
 
-def _ansible_bin(name: str) -> str:
-    beside = Path(sys.executable).parent / name  # the vfleet venv's Ansible
-    if beside.exists():
-        return str(beside)
-    raise VfleetError(f"{name} not found", fix="run vfleet from its virtualenv (`make venv`)")
-
-
-def hosts_of(inventory: str, pattern: str) -> list[str]:
-    """The inventory hosts a pattern names, as Ansible expands it (a group, a host, a:b)."""
-    if not Path(inventory).exists():
-        raise VfleetError("inventory not found", where=inventory, fix="pass -i INVENTORY")
-    r = subprocess.run(
-        [_ansible_bin("ansible"), "-i", inventory, pattern, "--list-hosts"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_CFG)),
-    )
-    hosts = [line.strip() for line in r.stdout.splitlines()[1:] if line.strip()]
-    if r.returncode != 0 or not hosts:
-        raise VfleetError(
-            f"no inventory host matches {pattern!r}",
-            where=inventory,
-            fix="name a host or a group of the inventory (ansible-inventory -i INV --graph)",
-        )
-    return hosts
-
-
 def perf_args(a: argparse.Namespace) -> list[str]:
     """`vfleet perf-gate check`'s bench and tolerance options, from swap's --perf-*."""
-    from vfleet.fleet.perfgate import require
-    from vfleet.fleet.perfgate_run import parse_tolerances
 
     require()
     parse_tolerances(a.perf_tolerance or [])  # bad input stops here, before anything runs
@@ -339,7 +328,7 @@ def playbook_argv(
             "args": perf_args(a),
         }
     return [
-        _ansible_bin("ansible-playbook"),
+        ansible_bin("ansible-playbook"),
         "-i",
         a.inventory,
         str(PLAYBOOK),
@@ -348,32 +337,8 @@ def playbook_argv(
     ]
 
 
-def host_namespace(
-    inventory: str,
-    host: str,
-    model: str | None,
-    instance: str | None,
-    base_dir: str | None = None,
-    api_key_file: str | None = None,
-) -> argparse.Namespace:
-    """What `vfleet doctor HOST` would be given: the host's instance as the inventory has it."""
-    return argparse.Namespace(
-        host=host,
-        inventory=inventory,
-        profile=None,
-        model=model,
-        instance=instance,
-        deployment=None,
-        sets=None,
-        base_dir=base_dir,
-        profiles_dir=None,
-        api_key_file=api_key_file,
-    )
-
-
 def _api_key(sets: list[str], api_key_file: str | None) -> str | None:
     """The key the swapped instance will want: from its key file, else its settings."""
-    from vfleet.config.apikey import read_api_key_file
 
     if api_key_file:
         return read_api_key_file(api_key_file)
@@ -382,10 +347,6 @@ def _api_key(sets: list[str], api_key_file: str | None) -> str | None:
 
 
 def cmd_swap(a: argparse.Namespace) -> int:
-    from vfleet.config.apikey import refuse_key_in_sets
-    from vfleet.fleet.doctor import _settings, host_plan
-    from vfleet.fleet.remote import host_vars
-    from vfleet.fleet.targets import endpoint
 
     refuse_key_in_sets(
         a.sets or [],
@@ -406,8 +367,6 @@ def cmd_swap(a: argparse.Namespace) -> int:
     hosts = hosts_of(a.inventory, a.hosts)
     front: HostReport | None = None
     if a.balancer:
-        from vfleet.fleet.balancer import load
-
         lb = load(Path(a.balancer).resolve())
         outside = sorted(set(hosts) - {r["host"] for r in lb["replicas"]})
         if outside:
@@ -430,20 +389,18 @@ def cmd_swap(a: argparse.Namespace) -> int:
             hv = host_vars(a.inventory, host)
             here = host_namespace(a.inventory, host, None, a.instance, a.base_dir, a.api_key_file)
             now, _ = host_plan(here, hv)
-            settings = _settings(here, hv)
+            settings = host_settings(here, hv)
             sets = list(settings["sets"]) + list(a.sets or [])
             ns = host_namespace(a.inventory, host, a.model, a.instance, a.base_dir, a.api_key_file)
             ns.sets = sets
             new, _ = host_plan(ns, hv)
             if a.dry_run:
-                url, tunnel = str(now["url"]), None
+                url, tunnel = now.service.url, None
             else:
-                url, tunnel, _how = endpoint(host, hv, now)
+                url, tunnel, _how = endpoint(host, hv, now.service)
             if tunnel is not None:
                 tunnels.append(tunnel)
-            report = HostReport(
-                host, url, str(new["served_model_name"]), Path(str(new["model_dir"])).name
-            )
+            report = HostReport(host, url, new.service.served_model_name, Path(new.model.dir).name)
             targets.append((report, _api_key(sets, settings["api_key_file"])))
         if a.dry_run:
             print(" ".join(argv))
@@ -493,8 +450,6 @@ def _run(
     errors = host_errors("".join(seen))
     drained: set[str] = set()
     if a.balancer:
-        from vfleet.fleet.balancer import load
-
         drained = {x["host"] for x in load(Path(a.balancer).resolve())["replicas"] if x["down"]}
     reports = []
     for (r, _key), w in zip(targets, watchers, strict=True):
@@ -530,7 +485,6 @@ def _perf_verdict(folder: Path | None, host: str) -> Verdict | None:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vfleet.fleet.doctor import api_key_file_arg, inventory_arg
 
     p = sub.add_parser(
         "swap",

@@ -15,9 +15,11 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from vfleet.errors import VfleetError
+from vfleet.fleet.doctor.gpus import parse_cuda_version, parse_gpus
+from vfleet.fleet.inventory import host_plan, host_vars, literal, request, run_hostfacts, ssh_argv
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TUNNEL_TIMEOUT_S = 20
@@ -81,8 +83,6 @@ def _open_tunnel(
 
 def host_summary(facts: dict[str, Any]) -> dict[str, Any]:
     """The facts a benchmark result keeps about the machine it measured."""
-    from vfleet.fleet.doctor import parse_cuda_version, parse_gpus
-
     gpus = facts.get("gpus") or {}
     return {
         "os": facts.get("os"),
@@ -97,33 +97,49 @@ def host_summary(facts: dict[str, Any]) -> dict[str, Any]:
 
 def resolve(a: argparse.Namespace) -> HostTarget:
     """The URL (tunnelled if needed) and release manifest of the host's instance."""
-    from vfleet.fleet.doctor import host_plan, request
-    from vfleet.fleet.remote import host_vars, run_hostfacts
-
     hv = host_vars(a.inventory, a.host)
     plan, python = host_plan(a, hv)
     host = host_summary(run_hostfacts(a.host, hv, request(plan), python))
-    manifest = next(f["content"] for f in plan["files"] if f["name"] == "release.json")
+    manifest = plan.file("release.json")
     release: dict[str, Any] = json.loads(manifest)
-    source = f"inventory host {a.host}, instance {plan['instance']} (release {plan['release_id']})"
-    url, tunnel, how = endpoint(a.host, hv, plan)
+    source = f"inventory host {a.host}, instance {plan.instance} (release {plan.release_id})"
+    url, tunnel, how = endpoint(a.host, hv, plan.service)
     return HostTarget(url, release, source + how, host, tunnel)
 
 
+class Listener(Protocol):
+    """Where a server listens on its host: a plan's `service`, or a `Listen`."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def listen_host(self) -> str | None: ...
+    @property
+    def port(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Listen:
+    """A server given by its URL rather than by a plan (`vfleet perf-gate check --url`)."""
+
+    url: str
+    listen_host: str | None
+    port: int | None
+
+
 def endpoint(
-    host: str, hv: dict[str, Any], plan: dict[str, Any]
+    host: str, hv: dict[str, Any], server: Listener
 ) -> tuple[str, subprocess.Popen[bytes] | None, str]:
     """Where this machine reaches the instance: (url, the ssh tunnel if one was opened, how).
 
     vLLM listens on loopback by default: a remote host's instance is then reached through an
     SSH tunnel (the inventory's user, port and key), which the caller closes.
     """
-    from vfleet.fleet.remote import literal, ssh_argv
-
     if str(literal(hv, "ansible_connection", host)) == "local":
-        return str(plan["url"]), None, ""
+        return server.url, None, ""
     address = str(literal(hv, "ansible_host", host) or host)
-    if str(plan["listen_host"]) in LOOPBACK:
-        url, proc = _open_tunnel(ssh_argv(host, hv), "127.0.0.1", int(plan["port"]), host)
+    if server.listen_host in LOOPBACK:
+        port = int(server.port)  # type: ignore[arg-type]  # None: TypeError, as before
+        url, proc = _open_tunnel(ssh_argv(host, hv), "127.0.0.1", port, host)
         return url, proc, ", through an ssh tunnel"
-    return f"http://{address}:{plan['port']}", None, ""
+    return f"http://{address}:{server.port}", None, ""

@@ -52,7 +52,7 @@ class Pm2Request(TypedDict):
 
 
 class Request(TypedDict):
-    """What to look at. Built on the control machine by `vfleet.fleet.doctor.request(plan)`."""
+    """What to look at. Built on the control machine by `vfleet.fleet.inventory.request(plan)`."""
 
     base_dir: str  # disk space is measured here (or at its nearest existing parent)
     instance_dir: str  # a process with `--config <under this dir>` belongs to the instance

@@ -1,15 +1,24 @@
 """What the Ansible role needs to deploy one instance, computed on the control machine.
 
-The `vfleet_render` lookup plugin calls `plan()`; the role then only copies files, creates
+The `vfleet_plan` lookup plugin calls `plan()`; the role then only copies files, creates
 the venv, builds or checks the model and starts the service. All decisions stay in Python.
+
+`plan()` returns a typed `Plan` (frozen dataclasses, one per concern). The role sees it as a
+dict: `Plan.as_dict()` is called only at the Ansible lookup boundary
+(ansible/plugins/lookup/vfleet_plan.py), and `Plan.from_dict()` reads that dict back where
+Ansible hands it to Python again (ansible/plugins/lookup/vfleet_doctor.py). The dict's keys are
+the role's interface (ansible/roles/vfleet reads `vfleet_plan.*`): tests/unit/test_plan.py holds
+them to the dicts captured before the plan was typed.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from vfleet import __version__
@@ -17,10 +26,11 @@ from vfleet.checks.stacks import requirements
 from vfleet.config.apikey import KEY as API_KEY_FILE_KEY
 from vfleet.config.apikey import read_api_key_file
 from vfleet.config.profiles import validation_error
-from vfleet.config.schema import HostVars
+from vfleet.config.schema import Accelerator, HostVars, ModelArch, Stack
 from vfleet.engine.compile import Launch, resolve
-from vfleet.engine.rules import API_KEY_ENV
+from vfleet.engine.rules import API_KEY_ENV, DraftVocabBuild
 from vfleet.errors import VfleetError
+from vfleet.hostside.hostfacts import parse_env
 from vfleet.paths import REPO_ROOT
 from vfleet.render.monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
 from vfleet.render.release import (
@@ -39,7 +49,7 @@ from vfleet.render.release import (
 
 
 def _project_version(folder: str) -> str:
-    import tomllib
+    import tomllib  # only here: the rest of the module never reads TOML
 
     path = REPO_ROOT / folder / "pyproject.toml"
     return str(tomllib.loads(path.read_text(encoding="utf-8"))["project"]["version"])
@@ -60,6 +70,328 @@ def logrotate(launch: Launch) -> str:
     return template_env().get_template("logrotate.j2").render(context(launch))
 
 
+# --------------------------------------------------------------------------- the typed plan
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The versions a release installs besides the stack's pins."""
+
+    vfleet: str
+    """vfleet's own version (written into release.json)."""
+    healthcheck: str
+    """The probe wheel's version (healthcheck/pyproject.toml), installed into the venv."""
+    plugin: str | None
+    """The SM75 plugin wheel this checkout builds (plugin/pyproject.toml); None when the stack
+    has no plugin."""
+
+
+@dataclass(frozen=True)
+class Software:
+    """What the instance's venv and host get installed: the stack and its pins."""
+
+    stack_name: str
+    """The stack's name in profiles/ (e.g. vllm-cpu-0.27.1)."""
+    stack: Stack
+    """The stack: vLLM, torch, CUDA and Python pins, package name, plugin."""
+    packages: list[str]
+    """Every pin of the stack as the venv installs them (`vfleet stacks check` resolves the
+    same list)."""
+    remove_packages: list[str]
+    """Packages removed from the venv after the install."""
+    os_packages: list[str]
+    """Debian packages the hardware profile needs on the host."""
+
+
+@dataclass(frozen=True)
+class Dirs:
+    """Folders on the host (absolute paths)."""
+
+    base: str
+    """vfleet's folder (vfleet_base_dir)."""
+    venv: str
+    """The vLLM venv of the instance's stack."""
+    instance: str
+    """The instance's folder."""
+    releases: str
+    """The instance's releases, one folder per release id."""
+    release: str
+    """This plan's release folder."""
+    current: str
+    """Symlink to the running release."""
+    previous: str
+    """Symlink to the release before it (rollback target)."""
+    state: str
+    """Runtime state the server writes (the SM75 plugin's decision)."""
+    logs: str
+    """Log folder of all instances."""
+    cache: str
+    """Compile caches of the instance."""
+    bin: str
+    """vfleet's scripts on the host."""
+    wheels: str
+    """Wheels built or shipped for the host."""
+    models: str
+    """Model folders."""
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """The model the instance serves and what the doctor checks its folder against."""
+
+    name: str
+    """The model preset's name."""
+    dir: str
+    """The model folder on the host."""
+    generator: str | None
+    """How the deploy generates the weights (tiny models); None when the operator set
+    model_dir ("my weights": never generated over, only checked) or the preset has none."""
+    arch: ModelArch
+    """The preset's architecture numbers (the planner's weight estimate reads them)."""
+    architecture: str
+    """config.json's architectures entry the folder must have."""
+    quantization: str
+    """The preset's quantisation method (none, awq, fp8)."""
+    unmodelled_weights_gib: float
+    """Weights the architecture numbers do not account for (GiB)."""
+    draft_vocab_build: DraftVocabBuild | None
+    """The SM75 plugin's draft vocabulary to build on the host (tasks/draft_vocab.yml)."""
+
+
+@dataclass(frozen=True)
+class Service:
+    """The vLLM server of the instance and its process manager's names."""
+
+    unit_name: str
+    """The systemd unit (vfleet-vllm@INSTANCE.service)."""
+    unit_directives: str
+    """What vfleet-verify-unit accepts in the unit: the template's directives, in order."""
+    pm2_name: str
+    """The pm2 app's name."""
+    user: str
+    """The system user both services run as where the deploy runs as root."""
+    log_file: str
+    """The server's log file."""
+    server_module: str
+    """The Python module launch.sh runs (`python -m MODULE --config vllm.yaml`)."""
+    listen_host: str
+    """The address the API listens on."""
+    port: int
+    """The API's port."""
+    url: str
+    """The API's URL as seen from the host."""
+    served_model_name: str
+    """The model name the API serves."""
+    start_timeout_s: int
+    """How long a start may take (the profile's start_timeout_s)."""
+    shutdown_timeout_s: int
+    """vLLM drains in-flight requests this long on SIGTERM (the "drain" rule)."""
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """The metrics sidecar beside the server."""
+
+    port: int
+    """The sidecar's port."""
+    url: str
+    """The sidecar's URL as seen from the host."""
+    pm2_name: str
+    """The sidecar's pm2 app."""
+    unit_name: str
+    """The sidecar's systemd unit."""
+    unit_directives: str
+    """What vfleet-verify-unit accepts in the sidecar's unit."""
+
+
+@dataclass(frozen=True)
+class Pm2:
+    """vfleet's own pm2 on the host."""
+
+    bin: str
+    """The pm2 executable."""
+    home: str
+    """PM2_HOME."""
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    """One file of the release, rendered on the control machine."""
+
+    name: str
+    """Its path under the release folder."""
+    content: str
+    """Its text."""
+    mode: str
+    """Its mode, four octal digits (e.g. 0644)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the role needs to deploy one instance, and the doctor to check it."""
+
+    release_id: str
+    """The release's id: a hash of its rendered files."""
+    instance: str
+    """The instance's name."""
+    profile: str
+    """The hardware profile's name."""
+    accelerator: Accelerator
+    """The profile's accelerator (kind, count, GPU model, compute capability, VRAM)."""
+    versions: Versions
+    """vfleet, probe and plugin versions."""
+    software: Software
+    """The stack and its pins."""
+    dirs: Dirs
+    """Folders on the host."""
+    model: ModelPlan
+    """The served model."""
+    files: list[RenderedFile]
+    """The release's rendered files."""
+    service: Service
+    """The vLLM server's names, address and timings."""
+    sidecar: Sidecar
+    """The metrics sidecar."""
+    pm2: Pm2
+    """vfleet's pm2 on the host."""
+    monitoring: dict[str, Any]
+    """The Prometheus scrape target (render.monitoring.scrape_target): handed on as it is to
+    the vfleet_prometheus lookup."""
+    logrotate: str
+    """/etc/logrotate.d/vfleet for the host's log folder."""
+    warnings: list[str]
+    """The rules' warnings, shown by the deploy."""
+    secret_env: list[str]
+    """The env names of this release that hold a secret."""
+    release_secret_env: list[str]
+    """The env names that may hold a secret in any release of the instance: write_release.py
+    gives every kept release the current values (or none), so none keeps a replaced key."""
+    sets: list[str]
+    """The settings the plan was made with (key=value; the API key file's key included)."""
+
+    def file(self, name: str) -> str:
+        """A rendered file's content (StopIteration when the release has none)."""
+        return next(f.content for f in self.files if f.name == name)
+
+    def config(self) -> dict[str, Any]:
+        """The rendered vllm.yaml (vLLM's --config), parsed."""
+        return dict(yaml.safe_load(self.file("vllm.yaml")) or {})
+
+    def env(self) -> dict[str, str]:
+        """The rendered vllm.env, parsed as the host-side scripts parse it."""
+        return parse_env(self.file("vllm.env"))
+
+    def secret_keys(self) -> list[str]:
+        """The env names whose values are secrets here (the API key's always)."""
+        return sorted({*self.secret_env, API_KEY_ENV})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict the Ansible role reads as `vfleet_plan` (only the lookups call this)."""
+        return {
+            "vfleet_version": self.versions.vfleet,
+            "release_id": self.release_id,
+            "instance": self.instance,
+            "profile": self.profile,
+            "model": self.model.name,
+            "stack_name": self.software.stack_name,
+            "stack": self.software.stack.model_dump(),
+            "accelerator": self.accelerator.model_dump(),
+            "os_packages": list(self.software.os_packages),
+            "start_timeout_s": self.service.start_timeout_s,
+            "packages": list(self.software.packages),
+            "remove_packages": list(self.software.remove_packages),
+            "healthcheck_version": self.versions.healthcheck,
+            "plugin_version": self.versions.plugin,
+            "dirs": asdict(self.dirs),
+            "model_dir": self.model.dir,
+            "model_generator": self.model.generator,
+            "model_arch": self.model.arch.model_dump(),
+            "draft_vocab_build": (
+                asdict(self.model.draft_vocab_build) if self.model.draft_vocab_build else None
+            ),
+            "model_architecture": self.model.architecture,
+            "files": [asdict(f) for f in self.files],
+            "unit_name": self.service.unit_name,
+            "unit_directives": self.service.unit_directives,
+            "service_user": self.service.user,
+            "pm2_name": self.service.pm2_name,
+            "listen_host": self.service.listen_host,
+            "port": self.service.port,
+            "url": self.service.url,
+            "served_model_name": self.service.served_model_name,
+            "shutdown_timeout_s": self.service.shutdown_timeout_s,
+            "sidecar": asdict(self.sidecar),
+            "monitoring": self.monitoring,
+            "logrotate": self.logrotate,
+            "warnings": list(self.warnings),
+            "model_quantization": self.model.quantization,
+            "model_unmodelled_weights_gib": self.model.unmodelled_weights_gib,
+            "server_module": self.service.server_module,
+            "log_file": self.service.log_file,
+            "secret_env": list(self.secret_env),
+            "release_secret_env": list(self.release_secret_env),
+            "pm2": asdict(self.pm2),
+            "sets": list(self.sets),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        """The plan back from `as_dict()`'s dict, as Ansible hands it to a lookup."""
+        draft = d["draft_vocab_build"]
+        return cls(
+            release_id=d["release_id"],
+            instance=d["instance"],
+            profile=d["profile"],
+            accelerator=Accelerator.model_validate(d["accelerator"]),
+            versions=Versions(
+                vfleet=d["vfleet_version"],
+                healthcheck=d["healthcheck_version"],
+                plugin=d["plugin_version"],
+            ),
+            software=Software(
+                stack_name=d["stack_name"],
+                stack=Stack.model_validate(d["stack"]),
+                packages=list(d["packages"]),
+                remove_packages=list(d["remove_packages"]),
+                os_packages=list(d["os_packages"]),
+            ),
+            dirs=Dirs(**d["dirs"]),
+            model=ModelPlan(
+                name=d["model"],
+                dir=d["model_dir"],
+                generator=d["model_generator"],
+                arch=ModelArch.model_validate(d["model_arch"]),
+                architecture=d["model_architecture"],
+                quantization=d["model_quantization"],
+                unmodelled_weights_gib=d["model_unmodelled_weights_gib"],
+                draft_vocab_build=DraftVocabBuild(**draft) if draft else None,
+            ),
+            files=[RenderedFile(**f) for f in d["files"]],
+            service=Service(
+                unit_name=d["unit_name"],
+                unit_directives=d["unit_directives"],
+                pm2_name=d["pm2_name"],
+                user=d["service_user"],
+                log_file=d["log_file"],
+                server_module=d["server_module"],
+                listen_host=d["listen_host"],
+                port=d["port"],
+                url=d["url"],
+                served_model_name=d["served_model_name"],
+                start_timeout_s=d["start_timeout_s"],
+                shutdown_timeout_s=d["shutdown_timeout_s"],
+            ),
+            sidecar=Sidecar(**d["sidecar"]),
+            pm2=Pm2(**d["pm2"]),
+            monitoring=dict(d["monitoring"]),
+            logrotate=d["logrotate"],
+            warnings=list(d["warnings"]),
+            secret_env=list(d["secret_env"]),
+            release_secret_env=list(d["release_secret_env"]),
+            sets=list(d["sets"]),
+        )
+
+
 def plan(
     profile: str,
     model: str,
@@ -72,7 +404,7 @@ def plan(
     host_name: str = HostVars().name,
     gpu_topology: str = "",
     api_key_file: str | None = None,
-) -> dict[str, Any]:
+) -> Plan:
     sets = list(sets or [])
     if api_key_file:
         if any(s.startswith("api_key=") for s in sets):
@@ -105,85 +437,81 @@ def plan(
     inst = launch.instance
     stack = launch.stack
     instance_dir = h.instance_dir(inst)
-    return {
-        "vfleet_version": __version__,
-        "release_id": rid,
-        "instance": inst,
-        "profile": launch.profile.name,
-        "model": launch.model.name,
-        "stack_name": launch.stack_name,
-        "stack": stack.model_dump(),
-        "accelerator": launch.profile.accelerator.model_dump(),
-        "os_packages": launch.profile.os_packages,
-        "start_timeout_s": launch.profile.start_timeout_s,
-        # Every pin of the stack, as the image installs them (`vfleet stacks check` resolves
-        # the same list).
-        "packages": requirements(stack),
-        "remove_packages": stack.remove_packages,
-        "healthcheck_version": healthcheck_version(),
-        # The stack pins the plugin (profiles); the checkout builds one version of it.
-        "plugin_version": plugin_version() if stack.plugin else None,
-        "dirs": {
-            "base": h.base_dir,
-            "venv": launch.venv,
-            "instance": instance_dir,
-            "releases": f"{instance_dir}/releases",
-            "release": f"{instance_dir}/releases/{rid}",
-            "current": f"{instance_dir}/current",
-            "previous": f"{instance_dir}/previous",
-            "state": f"{instance_dir}/state",
-            "logs": f"{h.base_dir}/logs",
-            "cache": h.cache_dir(inst),
-            "bin": f"{h.base_dir}/bin",
-            "wheels": f"{h.base_dir}/wheels",
-            "models": f"{h.base_dir}/models",
-        },
-        "model_dir": launch.model_dir,
-        # A model_dir the operator set means "my weights": never generated over, only checked.
-        "model_generator": None if launch.settings.model_dir else launch.model.source.generator,
-        "model_arch": launch.model.arch.model_dump(),
-        # The SM75 plugin's draft vocabulary to build on the host (tasks/draft_vocab.yml), or None.
-        "draft_vocab_build": (
-            asdict(launch.ctx.d["draft_vocab_build"])
-            if "draft_vocab_build" in launch.ctx.d
-            else None
+    draft = launch.ctx.d.get("draft_vocab_build")
+    sidecar_port = int(launch.ctx.d["sidecar_port"])
+    return Plan(
+        release_id=rid,
+        instance=inst,
+        profile=launch.profile.name,
+        accelerator=launch.profile.accelerator,
+        versions=Versions(
+            vfleet=__version__,
+            healthcheck=healthcheck_version(),
+            # The stack pins the plugin (profiles); the checkout builds one version of it.
+            plugin=plugin_version() if stack.plugin else None,
         ),
-        "model_architecture": launch.model.arch.architecture,
-        "files": [{"name": f.name, "content": f.content, "mode": f"{f.mode:04o}"} for f in files],
-        "unit_name": unit_name(inst),
-        # What vfleet-verify-unit accepts in each unit: the template's directives, in order.
-        "unit_directives": " ".join(expected_unit_directives(launch, "vllm")),
-        # The system user both services run as where the deploy runs as root.
-        "service_user": h.service_user,
-        "pm2_name": pm2_name(inst),
-        "listen_host": launch.listen_host,
-        "port": launch.port,
-        "url": probe_config(launch)["url"],
-        "served_model_name": launch.served_model_name,
-        # vLLM drains in-flight requests this long on SIGTERM (the "drain" rule).
-        "shutdown_timeout_s": int(launch.ctx.d["shutdown_timeout_s"]),
-        "sidecar": {
-            "port": launch.ctx.d["sidecar_port"],
-            "url": f"http://{local_host(launch)}:{launch.ctx.d['sidecar_port']}",
-            "pm2_name": sidecar_pm2_name(inst),
-            "unit_name": sidecar_unit_name(inst),
-            "unit_directives": " ".join(expected_unit_directives(launch, "sidecar")),
-        },
-        "monitoring": scrape_target(launch),
-        "logrotate": logrotate(launch),
-        "warnings": [n.message for n in launch.notes if n.level == "warn"],
-        # What `vfleet doctor` checks a host against (src/vfleet/fleet/doctor.py).
-        "model_quantization": launch.model.quantization.method,
-        "model_unmodelled_weights_gib": launch.model.unmodelled_weights_gib,
-        "server_module": launch.server_module,
-        "log_file": h.log_file(inst),
-        "secret_env": [e.key for e in launch.env if e.secret],
-        # The env names that may hold a secret in any release of the instance: write_release.py
-        # gives every kept release the current values (or none), so none keeps a replaced key.
-        "release_secret_env": sorted({*(e.key for e in launch.env if e.secret), API_KEY_ENV}),
-        "pm2": {"bin": f"{h.base_dir}/pm2/node_modules/.bin/pm2", "home": f"{h.base_dir}/pm2/home"},
-        "sets": sets,
-    }
+        software=Software(
+            stack_name=launch.stack_name,
+            stack=stack,
+            packages=requirements(stack),
+            remove_packages=list(stack.remove_packages),
+            os_packages=list(launch.profile.os_packages),
+        ),
+        dirs=Dirs(
+            base=h.base_dir,
+            venv=launch.venv,
+            instance=instance_dir,
+            releases=f"{instance_dir}/releases",
+            release=f"{instance_dir}/releases/{rid}",
+            current=f"{instance_dir}/current",
+            previous=f"{instance_dir}/previous",
+            state=f"{instance_dir}/state",
+            logs=f"{h.base_dir}/logs",
+            cache=h.cache_dir(inst),
+            bin=f"{h.base_dir}/bin",
+            wheels=f"{h.base_dir}/wheels",
+            models=f"{h.base_dir}/models",
+        ),
+        model=ModelPlan(
+            name=launch.model.name,
+            dir=launch.model_dir,
+            generator=None if launch.settings.model_dir else launch.model.source.generator,
+            arch=launch.model.arch,
+            architecture=launch.model.arch.architecture,
+            quantization=launch.model.quantization.method,
+            unmodelled_weights_gib=launch.model.unmodelled_weights_gib,
+            draft_vocab_build=draft if isinstance(draft, DraftVocabBuild) else None,
+        ),
+        files=[RenderedFile(f.name, f.content, f"{f.mode:04o}") for f in files],
+        service=Service(
+            unit_name=unit_name(inst),
+            unit_directives=" ".join(expected_unit_directives(launch, "vllm")),
+            pm2_name=pm2_name(inst),
+            user=h.service_user,
+            log_file=h.log_file(inst),
+            server_module=launch.server_module,
+            listen_host=launch.listen_host,
+            port=launch.port,
+            url=probe_config(launch)["url"],
+            served_model_name=launch.served_model_name,
+            start_timeout_s=launch.profile.start_timeout_s,
+            shutdown_timeout_s=int(launch.ctx.d["shutdown_timeout_s"]),
+        ),
+        sidecar=Sidecar(
+            port=sidecar_port,
+            url=f"http://{local_host(launch)}:{sidecar_port}",
+            pm2_name=sidecar_pm2_name(inst),
+            unit_name=sidecar_unit_name(inst),
+            unit_directives=" ".join(expected_unit_directives(launch, "sidecar")),
+        ),
+        pm2=Pm2(bin=f"{h.base_dir}/pm2/node_modules/.bin/pm2", home=f"{h.base_dir}/pm2/home"),
+        monitoring=scrape_target(launch),
+        logrotate=logrotate(launch),
+        warnings=[n.message for n in launch.notes if n.level == "warn"],
+        secret_env=[e.key for e in launch.env if e.secret],
+        release_secret_env=sorted({*(e.key for e in launch.env if e.secret), API_KEY_ENV}),
+        sets=sets,
+    )
 
 
 def prometheus_plan(

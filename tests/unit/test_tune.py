@@ -363,13 +363,12 @@ def test_overrides_land_where_ansible_reads_them_and_the_doctor_plans_with_them(
     assert hv[TUNED_VAR] == sets and hv["vfleet_set"] == ["port=18123"]
     # The doctor (and the swap, which plans through it) applies it after vfleet_set, as the
     # role does: the rendered depth is the tuned one.
-    from vfleet.fleet.doctor import _settings, host_plan
-    from vfleet.fleet.swap import host_namespace
+    from vfleet.fleet.inventory import host_namespace, host_plan, host_settings
 
     ns = host_namespace(str(inv), "h1", None, None)
-    assert _settings(ns, hv)["sets"] == ["port=18123", *sets]
+    assert host_settings(ns, hv)["sets"] == ["port=18123", *sets]
     plan, _ = host_plan(ns, hv)
-    vllm_yaml = next(f["content"] for f in plan["files"] if f["name"] == "vllm.yaml")
+    vllm_yaml = plan.file("vllm.yaml")
     assert '"num_speculative_tokens": 2' in vllm_yaml or "num_speculative_tokens: 2" in vllm_yaml
 
 

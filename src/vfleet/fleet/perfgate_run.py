@@ -217,11 +217,11 @@ def cmd_check(a: argparse.Namespace) -> int:
     previous = _previous(a.previous)
     url, tunnel = _url(a.url), None
     if a.host:
-        from vfleet.fleet.remote import host_vars
-        from vfleet.fleet.targets import endpoint
+        from vfleet.fleet.inventory import host_vars
+        from vfleet.fleet.targets import Listen, endpoint
 
         parts = urlsplit(url)
-        where = {"url": url, "listen_host": parts.hostname, "port": parts.port}
+        where = Listen(url, parts.hostname, parts.port)
         url, tunnel, _how = endpoint(a.host, host_vars(a.inventory, a.host), where)
     try:
         reference = reference_for(previous, a.weights, a.profile, a.preset, a.stack)

@@ -55,6 +55,7 @@ from vfleet.fleet.tune_space import (
     parse_depths,
 )
 from vfleet.fleet.tune_state import Identity, Result, State, load, save
+from vfleet.render.plan import Plan
 
 STATE_FILE = "state.json"
 SWAP_LOG = "swaps.log"
@@ -101,7 +102,7 @@ class Target:
     deployment: str | None
     profiles_dir: str | None
     host_vars: dict[str, Any]
-    plan: dict[str, Any]
+    plan: Plan
 
     def resolve_with(self, extra: Sequence[str]) -> Launch:
         sets = [*self.sets, *extra]
@@ -124,9 +125,8 @@ class Target:
 
 def target(a: argparse.Namespace) -> Target:
     from vfleet.config.schema import HostVars
-    from vfleet.fleet.doctor import _settings, host_plan
-    from vfleet.fleet.remote import host_vars, literal
-    from vfleet.fleet.swap import host_namespace
+    from vfleet.fleet.inventory import host_namespace, host_plan, host_vars, literal
+    from vfleet.fleet.inventory import host_settings as _settings
 
     hv = host_vars(a.inventory, a.host)
     ns = host_namespace(a.inventory, a.host, None, a.instance, a.base_dir)
@@ -137,8 +137,8 @@ def target(a: argparse.Namespace) -> Target:
     sets = list(s["sets"])
     instance = s["instance"]
     launch = resolve(
-        plan["profile"],
-        plan["model"],
+        plan.profile,
+        plan.model.name,
         deployment=Path(s["deployment"]) if s["deployment"] else None,
         sets=[*sets, *([f"instance={instance}"] if instance else [])],
         root=Path(s["profiles_dir"]) if s["profiles_dir"] else None,
@@ -146,7 +146,7 @@ def target(a: argparse.Namespace) -> Target:
     )
     return Target(
         a.host, Path(a.inventory), launch, sets, own_sets, instance, a.base_dir,
-        plan["profile"], plan["model"], s["deployment"], s["profiles_dir"], hv, plan,
+        plan.profile, plan.model.name, s["deployment"], s["profiles_dir"], hv, plan,
     )  # fmt: skip
 
 
@@ -349,7 +349,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
             )
     out_dir.mkdir(parents=True, exist_ok=True)
     state.runs += 1
-    url, tunnel, _how = endpoint(a.host, t.host_vars, t.plan)
+    url, tunnel, _how = endpoint(a.host, t.host_vars, t.plan.service)
     stopped: str | None = None
     try:
         if balancer is not None:
@@ -495,7 +495,7 @@ def dry_run(
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vfleet.fleet.doctor import inventory_arg
+    from vfleet.fleet.inventory import inventory_arg
 
     p = sub.add_parser(
         "tune",
@@ -602,7 +602,7 @@ def write_step_times(
 def put_file(t: Target, path: str, text: str) -> str | None:
     """Write `text` to `path` on the host (over ssh as the deploy reaches it, or locally),
     replaced whole; why it could not be, or None."""
-    from vfleet.fleet.remote import become, literal, ssh_argv
+    from vfleet.fleet.inventory import become, literal, ssh_argv
 
     folder = path.rsplit("/", 1)[0]
     script = (

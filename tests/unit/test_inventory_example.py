@@ -54,9 +54,12 @@ def test_the_4_gpu_box_is_two_replicas_on_distinct_gpu_pairs() -> None:
         )
     }
     a, b = plans["box4-a"], plans["box4-b"]
-    assert (a["port"], b["port"]) == (8001, 8002)
-    assert (a["unit_name"], b["unit_name"]) == ("vfleet-vllm@a.service", "vfleet-vllm@b.service")
-    assert a["dirs"]["cache"] != b["dirs"]["cache"] and a["dirs"]["venv"] == b["dirs"]["venv"]
+    assert (a.service.port, b.service.port) == (8001, 8002)
+    assert (a.service.unit_name, b.service.unit_name) == (
+        "vfleet-vllm@a.service",
+        "vfleet-vllm@b.service",
+    )
+    assert a.dirs.cache != b.dirs.cache and a.dirs.venv == b.dirs.venv
     envs = [p.file("vllm.env") for p in (a, b)]
     assert "CUDA_VISIBLE_DEVICES='0,1'" in envs[0] and "CUDA_VISIBLE_DEVICES='2,3'" in envs[1]
     assert "--tensor-parallel-size" not in envs[0]  # TP lives in the config

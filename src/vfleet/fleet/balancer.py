@@ -33,12 +33,13 @@ from typing import Any
 
 from vfleet.errors import VfleetError
 from vfleet.fleet.inventory import (
+    address,
     host_namespace,
     host_plan,
     host_vars,
     hosts_of,
     inventory_arg,
-    literal,
+    is_local,
 )
 from vfleet.render.release import template_env
 
@@ -227,16 +228,15 @@ def replicas_from_inventory(
     for host in hosts_of(inventory, group):
         hv = host_vars(inventory, host)
         plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
-        local = str(literal(hv, "ansible_connection", host)) == "local"
-        address = "127.0.0.1" if local else str(literal(hv, "ansible_host", host) or host)
+        at = "127.0.0.1" if is_local(hv, host) else address(hv, host)
         listen = plan.service.listen_host
-        if listen.startswith("127.") and not address.startswith("127."):
+        if listen.startswith("127.") and not at.startswith("127."):
             raise VfleetError(
                 f"{host}'s vLLM listens on {listen}: a balancer elsewhere cannot reach it",
                 where=f"inventory host {host}",
                 fix="set host=0.0.0.0 in its vfleet_set (behind a firewall) and deploy again",
             )
-        replicas.append(Replica(host, address, plan.service.port))
+        replicas.append(Replica(host, at, plan.service.port))
         names.add(plan.service.served_model_name)
         drain = max(drain, plan.service.shutdown_timeout_s)
     if len(names) > 1:

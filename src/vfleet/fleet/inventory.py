@@ -99,6 +99,16 @@ def literal(hv: dict[str, Any], key: str, host: str) -> Any:
     return value
 
 
+def is_local(hv: dict[str, Any], host: str) -> bool:
+    """The inventory runs this host's tasks on this machine (ansible_connection: local)."""
+    return str(literal(hv, "ansible_connection", host)) == "local"
+
+
+def address(hv: dict[str, Any], host: str) -> str:
+    """The address ssh and HTTP reach the host at: ansible_host, else its inventory name."""
+    return str(literal(hv, "ansible_host", host) or host)
+
+
 def ssh_argv(host: str, hv: dict[str, Any]) -> list[str]:
     v = {key: literal(hv, key, host) for key in SSH_KEYS}
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
@@ -108,8 +118,8 @@ def ssh_argv(host: str, hv: dict[str, Any]) -> list[str]:
         argv += ["-i", os.path.expanduser(str(v["ansible_ssh_private_key_file"]))]
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
         argv += shlex.split(str(v[key] or ""))
-    address = str(v["ansible_host"] or host)
-    argv.append(f"{v['ansible_user']}@{address}" if v["ansible_user"] else address)
+    at = address(hv, host)
+    argv.append(f"{v['ansible_user']}@{at}" if v["ansible_user"] else at)
     return argv
 
 

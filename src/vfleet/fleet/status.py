@@ -33,7 +33,7 @@ from vfleet.fleet.inventory import (
     host_vars,
     hosts_of,
     inventory_arg,
-    literal,
+    is_local,
     ssh_argv,
 )
 from vfleet.fleet.targets import endpoint
@@ -234,7 +234,7 @@ def inventory_targets(
         current = plan.dirs.current
         name = host if plan.instance == DEFAULT_INSTANCE else f"{host}/{plan.instance}"
         argv = [*become(hv, host), "sh", "-c", _REMOTE_READ, "sh", current]
-        if str(literal(hv, "ansible_connection", host)) != "local":
+        if not is_local(hv, host):
             argv = [*ssh_argv(host, hv), shlex.join(argv)]
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)

@@ -19,7 +19,15 @@ from typing import Any, Protocol
 
 from vfleet.errors import VfleetError
 from vfleet.fleet.doctor.gpus import parse_cuda_version, parse_gpus
-from vfleet.fleet.inventory import host_plan, host_vars, literal, request, run_hostfacts, ssh_argv
+from vfleet.fleet.inventory import (
+    address,
+    host_plan,
+    host_vars,
+    is_local,
+    request,
+    run_hostfacts,
+    ssh_argv,
+)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TUNNEL_TIMEOUT_S = 20
@@ -135,11 +143,10 @@ def endpoint(
     vLLM listens on loopback by default: a remote host's instance is then reached through an
     SSH tunnel (the inventory's user, port and key), which the caller closes.
     """
-    if str(literal(hv, "ansible_connection", host)) == "local":
+    if is_local(hv, host):
         return server.url, None, ""
-    address = str(literal(hv, "ansible_host", host) or host)
     if server.listen_host in LOOPBACK:
         port = int(server.port)  # type: ignore[arg-type]  # None: TypeError, as before
         url, proc = _open_tunnel(ssh_argv(host, hv), "127.0.0.1", port, host)
         return url, proc, ", through an ssh tunnel"
-    return f"http://{address}:{server.port}", None, ""
+    return f"http://{address(hv, host)}:{server.port}", None, ""

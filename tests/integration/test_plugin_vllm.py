@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import REPO, require_tools
 from vfleet.config.profiles import load_model, load_profile
+from vfleet.paths import hostside_script
 
 pytestmark = pytest.mark.vllm
 
@@ -119,7 +120,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = _run(
         [
             python,
-            str(REPO / "src" / "vfleet" / "tinymodels.py"),
+            str(hostside_script("tinymodels")),
             "tiny-hybrid-mtp",
             str(model),
             "--arch-json",

@@ -19,8 +19,12 @@ from vfleet.config.schema import (
     HostVars,
     ModelPreset,
     ServeSettings,
+    SpecMethod,
     Stack,
 )
+from vfleet.engine.decisions import Decisions, DraftVocabBuild
+from vfleet.engine.gpu_memory import GIB, MIB, auto_memory
+from vfleet.engine.planner import inputs_from, kv_plan, memory_model
 from vfleet.engine.topology import group_links
 from vfleet.engine.versions import MAMBA_ALIGN_IMPLIED_SINCE, option_supported, v
 from vfleet.errors import Refused, VfleetError
@@ -95,8 +99,9 @@ class Ctx:
     notes: list[Note] = field(default_factory=list)
     # False for `vfleet plan`: report a configuration that does not fit instead of refusing.
     strict_memory: bool = True
-    # Values decided by earlier rules that later rules build on.
-    d: dict[str, Any] = field(default_factory=dict)
+    # What the rules decided that later rules, the planner and the renderers build on
+    # (vfleet.engine.decisions): filled once per field in rule order, sealed by apply().
+    d: Decisions = field(default_factory=Decisions)
     current: Rule | None = None
 
     # -- facts -------------------------------------------------------------------------
@@ -175,10 +180,10 @@ class Ctx:
 @rule("model", FIELD_NOTES, "serve the model directory on the host under a stable name")
 def _model(c: Ctx) -> None:
     model_dir = c.s.model_dir or c.host.model_dir(c.model.name)
-    c.d["model_dir"] = model_dir
+    c.d.model_dir = model_dir
     c.arg("model", model_dir, "the model directory on the serving host")
     name = c.s.served_model_name or c.model.served_model_name
-    c.d["served_model_name"] = name
+    c.d.served_model_name = name
     c.arg("served-model-name", name, "the name clients put in `model`; stable across swaps")
 
 
@@ -186,7 +191,7 @@ def _model(c: Ctx) -> None:
 def _listen(c: Ctx) -> None:
     host = c.s.host or "127.0.0.1"
     port = c.s.port or 8000
-    c.d["host"], c.d["port"] = host, port
+    c.d.host, c.d.port = host, port
     why = "loopback by default: put nginx or a firewall in front before opening it"
     c.arg("host", host, why if host.startswith("127.") else "operator setting")
     c.arg("port", port, "OpenAI-compatible API and /metrics")
@@ -268,7 +273,7 @@ def _device(c: Ctx) -> None:
             f"heads cannot be split over {tp} GPUs",
             "use a tensor_parallel_size that divides the head counts",
         )
-    c.d["tp"] = tp
+    c.d.tp = tp
 
 
 @rule(
@@ -300,7 +305,7 @@ def _tp(c: Ctx) -> None:
     if c.is_cpu:
         return
     why = "27B does not fit one 22 GB card; TP over all GPUs of the profile"
-    c.arg("tensor-parallel-size", c.d["tp"], why if c.d["tp"] > 1 else "one GPU")
+    c.arg("tensor-parallel-size", c.d.tp, why if c.d.tp > 1 else "one GPU")
 
 
 @rule(
@@ -408,7 +413,7 @@ def _backend(c: Ctx) -> None:
             "flashinfer-sm75 feature and FlashInfer >= 0.6.16 (the SM75 fix, flashinfer PR 3526)",
             COMMUNITY,
         )
-    c.d["backend"] = backend
+    c.d.backend = backend
     c.arg("attention-backend", backend, why)
     if kv != "auto":
         c.arg(
@@ -443,7 +448,7 @@ def _cuda_env(c: Ctx) -> None:
         "Triton JIT needs a ptxas that knows the card",
         SEED_TURBO3,
     )
-    if c.d.get("tp", 1) > 1:
+    if c.d.tp > 1:
         c.setenv(
             "PYTORCH_NVML_BASED_CUDA_CHECK",
             "1",
@@ -498,15 +503,6 @@ DRAFT_VOCAB_FILE = "draft-vocab.json"
 
 # Seed 000's table size (65,536 of Qwen3.x's 248,320 rows); half of a smaller vocabulary.
 DRAFT_VOCAB_TOP = 65536
-
-
-@dataclass(frozen=True)
-class DraftVocabBuild:
-    """A draft vocabulary the deploy builds on the host with the model's own tokenizer."""
-
-    out: str  # VFLEET_SM75_DRAFT_VOCAB
-    corpus: str | None  # a file on the host; None: the plugin's shipped default corpus
-    top: int
 
 
 def plugin_state_file(host: HostVars, instance: str) -> str:
@@ -593,7 +589,7 @@ def _draft_vocab(c: Ctx) -> None:
     if c.s.draft_vocab_file:
         c.setenv(key, c.s.draft_vocab_file, "the operator's table (draft_vocab_file)")
     elif c.s.draft_vocab_corpus:
-        c.d["draft_vocab_build"] = DraftVocabBuild(built, c.s.draft_vocab_corpus, top)
+        c.d.draft_vocab_build = DraftVocabBuild(built, c.s.draft_vocab_corpus, top)
         c.setenv(
             key,
             built,
@@ -608,7 +604,7 @@ def _draft_vocab(c: Ctx) -> None:
             "MTP drafts from its most frequent tokens, outputs unchanged",
         )
     elif c.model.arch.mtp_layers:
-        c.d["draft_vocab_build"] = DraftVocabBuild(built, None, top)
+        c.d.draft_vocab_build = DraftVocabBuild(built, None, top)
         c.setenv(
             key,
             built,
@@ -616,12 +612,12 @@ def _draft_vocab(c: Ctx) -> None:
             f"(draft_vocab_corpus to name yours), K={top}: MTP drafts from its most frequent "
             "tokens, outputs unchanged",
         )
-    if c.s.draft_vocab_top is not None and "draft_vocab_build" not in c.d:
+    if c.s.draft_vocab_top is not None and c.d.draft_vocab_build is None:
         c.refuse(
             "draft_vocab_top sets K of a table built on the host, and none is built here",
             "drop draft_vocab_top, or name a corpus with draft_vocab_corpus",
         )
-    if "draft_vocab_build" in c.d and not 1 <= top < vocab:
+    if c.d.draft_vocab_build is not None and not 1 <= top < vocab:
         c.refuse(
             f"draft_vocab_top {top} must be below the model's vocabulary ({vocab})",
             f"set draft_vocab_top between 1 and {vocab - 1}",
@@ -642,7 +638,7 @@ def _limits(c: Ctx) -> None:
             f"set max_model_len <= {arch.max_position_embeddings}",
             COMMUNITY,
         )
-    c.d["max_model_len"] = mml
+    c.d.max_model_len = mml
     c.arg("max-model-len", mml, "context window to plan KV for")
     seqs = c.s.max_num_seqs
     if seqs is None:
@@ -655,7 +651,7 @@ def _limits(c: Ctx) -> None:
             )
             else 4
         )
-    c.d["max_num_seqs"] = seqs
+    c.d.max_num_seqs = seqs
     c.arg(
         "max-num-seqs",
         seqs,
@@ -665,7 +661,7 @@ def _limits(c: Ctx) -> None:
         else "concurrent sequences the scheduler runs",
     )
     if c.s.max_num_batched_tokens:
-        c.d["max_num_batched_tokens"] = c.s.max_num_batched_tokens
+        c.d.max_num_batched_tokens = c.s.max_num_batched_tokens
         c.arg(
             "max-num-batched-tokens",
             c.s.max_num_batched_tokens,
@@ -690,7 +686,7 @@ def _memory(c: Ctx) -> None:
             c.warn("gpu_memory_utilization is ignored by vLLM when kv_cache_memory_bytes is set")
         return
     if c.s.gpu_memory_utilization is None:
-        c.d["auto_memory"] = True  # sized by the planner once the KV shape is known
+        c.d.auto_memory = True  # sized by the planner once the KV shape is known
         return
     util = c.s.gpu_memory_utilization
     c.arg(
@@ -711,16 +707,18 @@ def _memory(c: Ctx) -> None:
 )
 def _spec(c: Ctx) -> None:
     spec = c.s.speculative
-    method = spec.method if spec and spec.method else ("mtp" if c.model.arch.mtp_layers else "none")
-    c.d["spec_method"] = method
+    method: SpecMethod = (
+        spec.method if spec and spec.method else ("mtp" if c.model.arch.mtp_layers else "none")
+    )
+    c.d.spec_method = method
     if method == "none":
-        c.d["spec_k"] = 0
+        c.d.spec_k = 0
         return
     if method == "mtp" and not c.model.arch.mtp_layers:
         c.refuse(f"{c.model.name} has no MTP layers", "set speculative.method: ngram or none")
     k = spec.num_speculative_tokens if spec and spec.num_speculative_tokens else None
     if k is None:
-        k = 4 if (c.is_sm75 and c.d.get("tp", 1) >= 4 and method == "mtp") else 3
+        k = 4 if (c.is_sm75 and c.d.tp >= 4 and method == "mtp") else 3
         why = (
             "four SM75 GPUs in one TP group: MTP 4 (Turbo3's AutoSpec)"
             if k == 4
@@ -729,7 +727,7 @@ def _spec(c: Ctx) -> None:
         )
     else:
         why = "operator setting"
-        if method == "mtp" and k >= 4 and not (c.is_sm75 and c.d.get("tp", 1) >= 4):
+        if method == "mtp" and k >= 4 and not (c.is_sm75 and c.d.tp >= 4):
             c.warn(
                 f"MTP {k}: acceptance falls with depth (59/47/39% at 2/3/4 on A100) and "
                 "speed peaked at 3; 4 paid off only on four SM75 GPUs",
@@ -739,16 +737,16 @@ def _spec(c: Ctx) -> None:
     if method == "ngram":
         conf["prompt_lookup_max"] = (spec.prompt_lookup_max if spec else None) or 3
         conf["prompt_lookup_min"] = (spec.prompt_lookup_min if spec else None) or 1
-    backend = c.d.get("backend")
+    backend = c.d.backend
     if method == "mtp" and backend is not None:
         # vLLM picks the draft's backend on its own when none is named: with a FLASHINFER target
         # on SM90 it took FLASH_ATTN (FA3), which refuses fp8 KV with fp16 output and killed the
         # engine at the first request (H200 run, docs/GPU.md).
         conf["attention_backend"] = backend
         why += f"; the MTP draft uses the target's {backend} (its KV dtype and CUDA graphs)"
-    c.d["spec_k"] = k
+    c.d.spec_k = k
     c.arg("speculative-config", conf, why)
-    seqs = c.d["max_num_seqs"]
+    seqs = c.d.max_num_seqs
     acc = c.profile.accelerator
     if (
         method == "mtp"
@@ -756,10 +754,10 @@ def _spec(c: Ctx) -> None:
         and acc.count == 1
         and (acc.vram_gib or 0) <= 32
         and seqs > 1
-        and c.d["max_model_len"] >= 262144
+        and c.d.max_model_len >= 262144
     ):
         c.refuse(
-            f"MTP with max_num_seqs {seqs} at {c.d['max_model_len']} context does not fit "
+            f"MTP with max_num_seqs {seqs} at {c.d.max_model_len} context does not fit "
             "a 32 GB card (Mamba cache, graph pool and workspace scale with sequences)",
             "set max_num_seqs: 1, or a shorter max_model_len, or speculative.method: none",
             SEED_A100,
@@ -774,8 +772,8 @@ def _spec(c: Ctx) -> None:
 def _graphs(c: Ctx) -> None:
     if c.is_cpu:
         return
-    k = c.d.get("spec_k", 0)
-    seqs = c.d["max_num_seqs"]
+    k = c.d.spec_k
+    seqs = c.d.max_num_seqs
     if k:
         sizes = [(1 + k) * i for i in range(1, seqs + 1)]
         why = (
@@ -810,7 +808,7 @@ def _async(c: Ctx) -> None:
     # seeds that ran more sequences (000: 8, 004: 4) left vLLM's default, and so does vfleet.
     if c.s.async_scheduling is not None:
         c.arg("async-scheduling", c.s.async_scheduling, "operator setting")
-    elif c.is_sm75 and c.d["max_num_seqs"] == 1:
+    elif c.is_sm75 and c.d.max_num_seqs == 1:
         c.arg(
             "async-scheduling",
             False,
@@ -828,7 +826,7 @@ def _async(c: Ctx) -> None:
 )
 def _prefix(c: Ctx) -> None:
     hybrid = c.model.arch.hybrid
-    if c.is_cpu and hybrid and c.d["spec_method"] == "mtp":
+    if c.is_cpu and hybrid and c.d.spec_method == "mtp":
         if c.s.prefix_caching:
             c.refuse(
                 "prefix caching with MTP on the CPU build: the Mamba 'align' cache mode "
@@ -843,10 +841,10 @@ def _prefix(c: Ctx) -> None:
             "'align' caching (Triton kernel without CPU backend)",
             FIELD_NOTES,
         )
-        c.d["prefix_caching"] = False
+        c.d.prefix_caching = False
         return
     want = c.s.prefix_caching if c.s.prefix_caching is not None else True
-    c.d["prefix_caching"] = want
+    c.d.prefix_caching = want
     if hybrid and not want:
         c.warn(
             "prefix caching off on a hybrid model: summary decode fell from 240 to 127 "
@@ -886,9 +884,9 @@ def _prefix(c: Ctx) -> None:
     "chunked prefill for long context and for Mamba align mode",
 )
 def _chunked(c: Ctx) -> None:
-    need_align = c.model.arch.hybrid and c.d.get("prefix_caching")
-    mbt = c.d.get("max_num_batched_tokens")
-    long_ctx = mbt is not None and c.d["max_model_len"] > mbt
+    need_align = c.model.arch.hybrid and c.d.prefix_caching
+    mbt = c.d.max_num_batched_tokens
+    long_ctx = mbt is not None and c.d.max_model_len > mbt
     if c.s.chunked_prefill is False:
         if need_align:
             c.refuse(
@@ -923,7 +921,7 @@ def _chunked(c: Ctx) -> None:
     "custom all-reduce over NVLink, NCCL otherwise, from the host's real topology",
 )
 def _allreduce(c: Ctx) -> None:
-    tp = c.d.get("tp", 1)
+    tp = c.d.tp
     if c.is_cpu or tp < 2:
         return
     if c.s.custom_all_reduce is True:
@@ -1026,7 +1024,7 @@ SIDECAR_PORT_OFFSET = 1500
 
 @rule("sidecar", "docs/OBSERVABILITY.md", "a metrics sidecar next to every instance")
 def _sidecar(c: Ctx) -> None:
-    port = int(c.d["port"])
+    port = c.d.port
     sidecar = c.s.sidecar_port or port + SIDECAR_PORT_OFFSET
     if sidecar == port or sidecar > 65535:
         raise Refused(
@@ -1035,8 +1033,8 @@ def _sidecar(c: Ctx) -> None:
             "set sidecar_port to a free port other than the vLLM port",
             "vfleet",
         )
-    c.d["sidecar_port"] = sidecar
-    c.d["sidecar_window_s"] = c.s.sidecar_window_s or 60
+    c.d.sidecar_port = sidecar
+    c.d.sidecar_window_s = c.s.sidecar_window_s or 60
 
 
 @rule(
@@ -1046,7 +1044,7 @@ def _sidecar(c: Ctx) -> None:
 )
 def _drain(c: Ctx) -> None:
     t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else 30
-    c.d["shutdown_timeout_s"] = t
+    c.d.shutdown_timeout_s = t
     c.arg(
         "shutdown-timeout",
         t,
@@ -1062,8 +1060,8 @@ def _drain(c: Ctx) -> None:
     "restart on any exit, but stop a crash loop with a start limit",
 )
 def _restart_policy(c: Ctx) -> None:
-    c.d["restart_sec"] = c.s.restart_sec if c.s.restart_sec is not None else 10
-    c.d["start_limit_burst"] = c.s.start_limit_burst or 3
+    c.d.restart_sec = c.s.restart_sec if c.s.restart_sec is not None else 10
+    c.d.start_limit_burst = c.s.start_limit_burst or 3
 
 
 # =========================================================================== overrides
@@ -1075,11 +1073,8 @@ def _restart_policy(c: Ctx) -> None:
     "size the KV cache from the capacity plan when the deployment leaves memory unset",
 )
 def _auto_memory(c: Ctx) -> None:
-    if not c.d.get("auto_memory"):
+    if not c.d.auto_memory:
         return
-    from vfleet.engine.gpu_memory import GIB, MIB, auto_memory
-    from vfleet.engine.planner import inputs_from, kv_plan, memory_model
-
     args = {k: e.value for k, e in c.args.items()}
     model = memory_model(c.profile, c.model, c.d, args, c.stack.vllm)
     cal = c.profile.calibration
@@ -1092,7 +1087,7 @@ def _auto_memory(c: Ctx) -> None:
     plan = kv_plan(inputs_from(c.profile, c.model.arch, c.d, args, max(fit, 0), c.stack.vllm))
     if plan.num_blocks < plan.blocks_per_request and c.strict_memory:
         c.refuse(
-            f"one {c.d['max_model_len']}-token request needs {plan.blocks_per_request} KV blocks "
+            f"one {c.d.max_model_len}-token request needs {plan.blocks_per_request} KV blocks "
             f"({plan.blocks_per_request * plan.bytes_per_block / GIB:.2f} GiB per GPU); after "
             f"the weights and the other memory terms {max(fit, 0) / GIB:.2f} GiB fit",
             "run `vfleet plan` for the smallest change that fits (shorter max_model_len, fp8 "
@@ -1112,7 +1107,7 @@ def _auto_memory(c: Ctx) -> None:
         max(plan.num_blocks * plan.bytes_per_block, 1),  # whole blocks, nothing wasted
         f"planner: {plan.num_blocks} blocks of {plan.block_size} tokens = "
         f"{plan.kv_cache_tokens:,} KV tokens, {plan.max_concurrency:.2f}x at "
-        f"{c.d['max_model_len']} tokens; {auto.why}",
+        f"{c.d.max_model_len} tokens; {auto.why}",
     )
 
 
@@ -1176,4 +1171,5 @@ def apply(
         ctx.current = r
         r.fn(ctx)
     ctx.current = None
+    ctx.d.seal()
     return ctx

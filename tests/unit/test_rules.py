@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
 import inspect
 import itertools
 import json
+import pkgutil
 import re
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, fields
@@ -16,9 +18,10 @@ import pytest
 
 from tests.conftest import REPO, Result
 from vfleet.config.schema import HostVars
+from vfleet.engine import rules as rules_pkg
 from vfleet.engine.compile import resolve
 from vfleet.engine.decisions import Decisions
-from vfleet.engine.rules import RULES, Ctx
+from vfleet.engine.rules import RULES, Ctx, Rule
 from vfleet.errors import Refused
 from vfleet.render.release import release_id, render_files
 
@@ -417,6 +420,16 @@ RULE_ORDER = [
 
 def test_the_rule_table_keeps_its_order_names_summaries_and_sources() -> None:
     assert [r.name for r in RULES] == RULE_ORDER
+    # A rule's function is named after it (`def all_reduce` in rules/multigpu.py), and the
+    # package defines no rule that the table leaves out.
+    assert [r.fn.__name__ for r in RULES] == [n.replace("-", "_") for n in RULE_ORDER]
+    defined = {
+        id(obj)
+        for module in pkgutil.iter_modules(rules_pkg.__path__)
+        for obj in vars(importlib.import_module(f"vfleet.engine.rules.{module.name}")).values()
+        if isinstance(obj, Rule)
+    }
+    assert defined == {id(r) for r in RULES}
     # Every summary and source as recorded with the order (sha256 of their repr): `vfleet rules`
     # and `vfleet explain` print them.
     table = repr([(r.name, r.summary, r.source) for r in RULES]).encode()

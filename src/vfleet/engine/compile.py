@@ -50,7 +50,7 @@ class Launch:
 
     @property
     def stack(self) -> Stack:
-        return self.profile.stacks[self.stack_name]
+        return self.ctx.stack
 
     @property
     def instance(self) -> str:

@@ -110,6 +110,12 @@ class Ctx:
         return not self.is_cpu and self.sm == (7, 5)
 
     @property
+    def one_32g_gpu(self) -> bool:
+        """One GPU of at most 32 GB (seed 001's A100): MTP fits there only with one sequence."""
+        acc = self.profile.accelerator
+        return not self.is_cpu and acc.count == 1 and (acc.vram_gib or 0) <= 32
+
+    @property
     def instance(self) -> str:
         return self.s.instance or DEFAULT_INSTANCE
 

@@ -27,15 +27,7 @@ def context_and_batch(c: Ctx) -> None:
     c.arg("max-model-len", mml, "context window to plan KV for")
     seqs = c.s.max_num_seqs
     if seqs is None:
-        seqs = (
-            1
-            if (
-                not c.is_cpu
-                and (c.profile.accelerator.vram_gib or 0) <= 32
-                and c.profile.accelerator.count == 1
-            )
-            else 4
-        )
+        seqs = 1 if c.one_32g_gpu else 4
     c.d.max_num_seqs = seqs
     c.arg(
         "max-num-seqs",

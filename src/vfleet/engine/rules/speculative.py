@@ -34,8 +34,9 @@ def speculative(c: Ctx) -> None:
     if method == "mtp" and not c.model.arch.mtp_layers:
         c.refuse(f"{c.model.name} has no MTP layers", "set speculative.method: ngram or none")
     k = spec.num_speculative_tokens if spec and spec.num_speculative_tokens else None
+    four_sm75 = c.is_sm75 and c.d.tp >= 4  # Turbo3's box, where MTP 4 paid off
     if k is None:
-        k = 4 if (c.is_sm75 and c.d.tp >= 4 and method == "mtp") else 3
+        k = 4 if (four_sm75 and method == "mtp") else 3
         why = (
             "four SM75 GPUs in one TP group: MTP 4 (Turbo3's AutoSpec)"
             if k == 4
@@ -44,7 +45,7 @@ def speculative(c: Ctx) -> None:
         )
     else:
         why = "operator setting"
-        if method == "mtp" and k >= 4 and not (c.is_sm75 and c.d.tp >= 4):
+        if method == "mtp" and k >= 4 and not four_sm75:
             c.warn(
                 f"MTP {k}: acceptance falls with depth (59/47/39% at 2/3/4 on A100) and "
                 "speed peaked at 3; 4 paid off only on four SM75 GPUs",
@@ -64,15 +65,7 @@ def speculative(c: Ctx) -> None:
     c.d.spec_k = k
     c.arg("speculative-config", conf, why)
     seqs = c.d.max_num_seqs
-    acc = c.profile.accelerator
-    if (
-        method == "mtp"
-        and not c.is_cpu
-        and acc.count == 1
-        and (acc.vram_gib or 0) <= 32
-        and seqs > 1
-        and c.d.max_model_len >= 262144
-    ):
+    if method == "mtp" and c.one_32g_gpu and seqs > 1 and c.d.max_model_len >= 262144:
         c.refuse(
             f"MTP with max_num_seqs {seqs} at {c.d.max_model_len} context does not fit "
             "a 32 GB card (Mamba cache, graph pool and workspace scale with sequences)",

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from vfleet.config.schema import HardwareProfile, ModelArch, ModelPreset, ServeSettings, Stack
 from vfleet.engine.decisions import Decisions
 from vfleet.engine.gpu_memory import (
+    GIB,
     MIB,
     MemInputs,
     MemoryModel,
@@ -48,7 +49,6 @@ from vfleet.engine.gpu_memory import (
 from vfleet.engine.gpu_memory import weight_bytes as weight_bytes  # doctor's disk estimate
 from vfleet.errors import VfleetError
 
-GIB = 1 << 30
 DTYPE_BYTES = {
     "bfloat16": 2,
     "float16": 2,

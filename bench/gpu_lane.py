@@ -481,9 +481,9 @@ def render(host: Host, cfg: LaneConfig, extra: Sequence[str] = ()) -> Path:
     """Render the release of `cfg` under base/instances/main/releases/<name> and point
     base/instances/main/current at it (the probe's rendered paths expect that)."""
     sys.path[:0] = [str(REPO / "src")]
-    from vfleet.compile import resolve
-    from vfleet.config import HostVars
-    from vfleet.render import render_files, write_atomic
+    from vfleet.config.schema import HostVars
+    from vfleet.engine.compile import resolve
+    from vfleet.render.release import render_files, write_atomic
 
     launch = resolve(
         host.profile,
@@ -783,7 +783,7 @@ def run_sidecar(host: Host, rel: Path, model: str, logdir: Path) -> dict[str, An
 
 
 def run_bench(host: Host, out: Path) -> dict[str, Any]:
-    cmd = [host.python, "-m", "vfleet.cli", "bench", "run", "--url", f"127.0.0.1:{PORT}"]
+    cmd = [host.python, "-m", "vfleet.cli.main", "bench", "run", "--url", f"127.0.0.1:{PORT}"]
     cmd += ["--scenario", "decode,context", "--lengths", "512,2048", "--decode-tokens", "256"]
     cmd += ["--repeats", "2", "--out", str(out), "--no-plots", "--quiet", "--time-limit", "90"]
     t0 = time.monotonic()
@@ -802,8 +802,8 @@ def draft_vocab_sets(host: Host) -> tuple[list[str], dict[str, Any]]:
     """Build the draft vocabulary for the model (once) and the settings that point the plugin
     at it; K is what rule `plugin` takes for a table built on the host."""
     sys.path[:0] = [str(REPO / "src")]
-    from vfleet.profiles import load_model
-    from vfleet.rules import DRAFT_VOCAB_TOP
+    from vfleet.config.profiles import load_model
+    from vfleet.engine.rules import DRAFT_VOCAB_TOP
 
     vocab = load_model(host.model).arch.vocab_size
     top = min(DRAFT_VOCAB_TOP, vocab // 2)
@@ -1006,7 +1006,7 @@ def make_host(a: argparse.Namespace) -> Host:
     if not (model_dir / "config.json").exists():
         # The generated test models are built here from the preset (no downloads).
         sys.path[:0] = [str(REPO / "src")]
-        from vfleet.profiles import load_model
+        from vfleet.config.profiles import load_model
 
         arch = load_model(a.model).arch.model_dump()
         gen = load_model(a.model).source.generator
@@ -1015,7 +1015,7 @@ def make_host(a: argparse.Namespace) -> Host:
         subprocess.run(
             [
                 a.python,
-                str(REPO / "src/vfleet/tinymodels.py"),
+                str(REPO / "src/vfleet/hostside/tinymodels.py"),
                 str(gen),
                 str(model_dir),
                 "--arch-json",
@@ -1025,7 +1025,7 @@ def make_host(a: argparse.Namespace) -> Host:
             env=host.env(),
         )
     sys.path[:0] = [str(REPO / "src")]
-    from vfleet.compile import resolve
+    from vfleet.engine.compile import resolve
 
     stack = resolve(a.profile, a.model, sets=list(BASE_SETS)).stack
     prepare_host(host, f"{stack.vllm_package}-{stack.vllm}")
@@ -1358,8 +1358,8 @@ def planner_rows(
 ) -> list[TermRow]:
     """vfleet's planner for the configuration beside the terms vLLM logged."""
     sys.path[:0] = [str(REPO / "src")]
-    from vfleet.compile import resolve
-    from vfleet.planner import plan_launch
+    from vfleet.engine.compile import resolve
+    from vfleet.engine.planner import plan_launch
 
     launch = resolve(profile, model, sets=list(rec["sets"]), strict_memory=False)
     plan = plan_launch(launch)

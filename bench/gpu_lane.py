@@ -1255,7 +1255,7 @@ def run_cache_variant(
     unpacked_s = unpack_caches(tar_path, fresh)
     carried = replace(host, base=fresh)
     sys.path[:0] = [str(REPO / "src")]
-    from vfleet.compile import resolve
+    from vfleet.engine.compile import resolve
 
     stack = resolve(host.profile, host.model, sets=list(BASE_SETS)).stack
     prepare_host(carried, f"{stack.vllm_package}-{stack.vllm}")

@@ -77,6 +77,9 @@ class LaneConfig:
     # The SM75 plugin's draft-prune on, with a draft vocabulary built here for the model
     # (vfleet-sm75 vocab build over the plugin's default corpus, K as rule `plugin` takes it).
     draft_prune: bool = False
+    # Build that vocabulary over the plugin's default corpus plus the greedy replies of the
+    # configurations run before this one (the model's own text: a table that covers it).
+    vocab_from_replies: bool = False
 
 
 ROLES = ("first-request", "probe", "greedy", "sidecar", "bench", "sleep", "restart", "decode")
@@ -152,6 +155,17 @@ MATRIX: tuple[LaneConfig, ...] = (
         "main with the plugin's draft-prune: MTP drafts from the K most frequent tokens",
         debug_log=False,
         draft_prune=True,
+    ),
+    LaneConfig(
+        "plugin-on-covered",
+        ("extra_env.VFLEET_SM75=draft-prune",),
+        ("greedy", "decode"),
+        "plugin-on with a table built over the default corpus plus the model's own greedy "
+        "replies from the configurations before it (run after plugin-off): the default corpus "
+        "misses 7 of the tiny model's 10 reply tokens",
+        debug_log=False,
+        draft_prune=True,
+        vocab_from_replies=True,
     ),
 )
 
@@ -798,19 +812,39 @@ def run_bench(host: Host, out: Path) -> dict[str, Any]:
     return result
 
 
-def draft_vocab_sets(host: Host) -> tuple[list[str], dict[str, Any]]:
+DEFAULT_DRAFT_CORPUS = REPO / "plugin" / "src" / "vfleet_sm75" / "data" / "draft-corpus.txt"
+
+
+def replies_corpus(records: Sequence[dict[str, Any]]) -> str:
+    """The greedy replies (reasoning and content) of earlier configurations, one per line: the
+    model's own text, for a draft table that covers what it answers."""
+    lines: list[str] = []
+    for rec in records:
+        for reply in rec.get("greedy", {}).get("replies", []):
+            if reply.get("ok"):
+                lines += [t for t in (reply.get("reasoning"), reply.get("content")) if t]
+    return "\n".join(line.replace("\n", " ").strip() for line in lines) + ("\n" if lines else "")
+
+
+def draft_vocab_sets(host: Host, replies: str | None = None) -> tuple[list[str], dict[str, Any]]:
     """Build the draft vocabulary for the model (once) and the settings that point the plugin
-    at it; K is what rule `plugin` takes for a table built on the host."""
+    at it; K is what rule `plugin` takes for a table built on the host. With `replies`, the
+    table is built over the default corpus plus that text (a separate table file)."""
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.config.profiles import load_model
     from vfleet.engine.rules import DRAFT_VOCAB_TOP
 
     vocab = load_model(host.model).arch.vocab_size
     top = min(DRAFT_VOCAB_TOP, vocab // 2)
-    table = host.base / "build" / f"{host.model}.draft-vocab.json"
+    suffix = "-covered" if replies is not None else ""
+    table = host.base / "build" / f"{host.model}.draft-vocab{suffix}.json"
     table.parent.mkdir(parents=True, exist_ok=True)
     cmd = [host.python, "-m", "vfleet_sm75.cli", "vocab", "build", "--tokenizer"]
     cmd += [str(host.model_dir), "--top", str(top), "--out", str(table), "--tp", "1"]
+    if replies is not None:
+        corpus = host.base / "build" / f"{host.model}.replies.txt"
+        corpus.write_text(replies, encoding="utf-8")
+        cmd += ["--corpus", str(DEFAULT_DRAFT_CORPUS), str(corpus)]
     res = subprocess.run(
         cmd, capture_output=True, text=True, env=host.env(), timeout=300, check=False
     )
@@ -820,10 +854,25 @@ def draft_vocab_sets(host: Host) -> tuple[list[str], dict[str, Any]]:
     return sets, info
 
 
-def serve_one(host: Host, cfg: LaneConfig, logdir: Path, timeout: float) -> dict[str, Any]:
+def serve_one(
+    host: Host,
+    cfg: LaneConfig,
+    logdir: Path,
+    timeout: float,
+    earlier: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
     extra: list[str] = []
     vocab_info: dict[str, Any] | None = None
-    if cfg.draft_prune:
+    if cfg.vocab_from_replies:
+        replies = replies_corpus(earlier)
+        if not replies:
+            return {
+                "name": cfg.name,
+                "error": "no greedy replies from an earlier configuration to build the table "
+                "from: run it after plugin-off (--only plugin-off,plugin-on-covered)",
+            }
+        extra, vocab_info = draft_vocab_sets(host, replies)
+    elif cfg.draft_prune:
         extra, vocab_info = draft_vocab_sets(host)
     rel = render(host, cfg, extra)
     log = logdir / f"{cfg.name}.log"
@@ -922,7 +971,7 @@ def greedy_pairs(records: Sequence[dict[str, Any]]) -> dict[str, bool]:
     """Configurations that must answer alike, when both ran: plugin-on against plugin-off."""
     by = {r["name"]: r for r in records if "greedy" in r}
     out: dict[str, bool] = {}
-    for a, b in (("plugin-on", "plugin-off"),):
+    for a, b in (("plugin-on", "plugin-off"), ("plugin-on-covered", "plugin-off")):
         if a in by and b in by:
             ta, tb = (greedy_texts(by[n]["greedy"]) for n in (a, b))
             out[f"{a} = {b}"] = all(x.get("ok") for x in by[a]["greedy"]["replies"]) and ta == tb
@@ -1057,7 +1106,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             result["configs"].append({"name": cfg.name, "error": "skipped: --budget-s spent"})
             continue
         print(f"== {cfg.name}: {' '.join(cfg.sets) or 'defaults'}", flush=True)
-        rec = serve_one(host, cfg, logdir, a.start_timeout)
+        rec = serve_one(host, cfg, logdir, a.start_timeout, result["configs"])
         result["configs"].append(rec)
         t = rec.get("log_terms", {})
         spec = rec.get("greedy", {}).get("spec", {})

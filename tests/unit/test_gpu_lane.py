@@ -434,3 +434,33 @@ def test_caches_needs_no_gpu_to_explain_itself(capsys: pytest.CaptureFixture[str
         lane.main(["caches", "--help"])
     out = capsys.readouterr().out
     assert "--variants" in out and "no-triton" in out
+
+
+def test_the_covered_table_is_built_from_the_replies_of_earlier_configs(tmp_path: Path) -> None:
+    def rec(name: str, *replies: dict[str, object]) -> dict[str, object]:
+        return {"name": name, "greedy": {"replies": list(replies)}}
+
+    ok = {"ok": True, "reasoning": " Random weights", "content": "\n\n The quick\nbrown fox."}
+    failed = {"ok": False, "content": "never seen"}
+    text = lane.replies_corpus([rec("plugin-off", ok, failed), {"name": "x"}])
+    # one line per text, newlines inside a reply flattened; failed requests left out
+    assert text == "Random weights\nThe quick brown fox.\n"
+    assert lane.replies_corpus([]) == ""
+    # the plugin's default corpus is passed beside the replies: it must be where the lane looks
+    assert lane.DEFAULT_DRAFT_CORPUS.is_file()
+    cfg = lane.select("plugin-on-covered")[0]
+    assert cfg.draft_prune and cfg.vocab_from_replies
+    # without earlier replies it refuses before rendering or starting anything
+    host = lane.Host(
+        tmp_path / "base", sys.executable, "", "", tmp_path, "h200-141g", "tiny-hybrid-mtp"
+    )
+    out = lane.serve_one(host, cfg, tmp_path, 1.0, [])
+    assert "run it after plugin-off" in out["error"]
+    assert not (tmp_path / "base").exists()
+    pairs = lane.greedy_pairs(
+        [
+            {"name": "plugin-off", "greedy": {"replies": [ok]}},
+            {"name": "plugin-on-covered", "greedy": {"replies": [ok]}},
+        ]
+    )
+    assert pairs == {"plugin-on-covered = plugin-off": True}

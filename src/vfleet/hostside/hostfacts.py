@@ -3,7 +3,7 @@
 Copied to a host and run as ``python3 hostfacts.py '<request json>'`` (or over ssh as
 ``python3 - '<request json>' < hostfacts.py``); also importable (`gather`). It prints ONE JSON
 object and always exits 0 once the request parses: a fact it cannot get is null, with a line
-in ``errors`` saying why. It judges nothing; the control machine does (src/vfleet/fleet/doctor.py).
+in ``errors`` saying why. It judges nothing; the control machine does (src/vfleet/fleet/doctor/).
 
 Secrets never leave the host in clear: environment values whose key is a secret (the request's
 ``secret_keys``, or a name like *KEY/*TOKEN/*SECRET/*PASSWORD) are replaced by their sha256

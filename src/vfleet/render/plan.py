@@ -28,7 +28,8 @@ from vfleet.config.apikey import read_api_key_file
 from vfleet.config.profiles import validation_error
 from vfleet.config.schema import Accelerator, HostVars, ModelArch, Stack
 from vfleet.engine.compile import Launch, resolve
-from vfleet.engine.rules import API_KEY_ENV, DraftVocabBuild
+from vfleet.engine.decisions import DraftVocabBuild
+from vfleet.engine.rules import API_KEY_ENV
 from vfleet.errors import VfleetError
 from vfleet.hostside.hostfacts import parse_env
 from vfleet.paths import REPO_ROOT
@@ -437,8 +438,7 @@ def plan(
     inst = launch.instance
     stack = launch.stack
     instance_dir = h.instance_dir(inst)
-    draft = launch.ctx.d.get("draft_vocab_build")
-    sidecar_port = int(launch.ctx.d["sidecar_port"])
+    sidecar_port = launch.decisions.sidecar_port
     return Plan(
         release_id=rid,
         instance=inst,
@@ -480,7 +480,7 @@ def plan(
             architecture=launch.model.arch.architecture,
             quantization=launch.model.quantization.method,
             unmodelled_weights_gib=launch.model.unmodelled_weights_gib,
-            draft_vocab_build=draft if isinstance(draft, DraftVocabBuild) else None,
+            draft_vocab_build=launch.decisions.draft_vocab_build,
         ),
         files=[RenderedFile(f.name, f.content, f"{f.mode:04o}") for f in files],
         service=Service(
@@ -495,7 +495,7 @@ def plan(
             url=probe_config(launch)["url"],
             served_model_name=launch.served_model_name,
             start_timeout_s=launch.profile.start_timeout_s,
-            shutdown_timeout_s=int(launch.ctx.d["shutdown_timeout_s"]),
+            shutdown_timeout_s=launch.decisions.shutdown_timeout_s,
         ),
         sidecar=Sidecar(
             port=sidecar_port,

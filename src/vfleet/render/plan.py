@@ -13,6 +13,7 @@ them to the dicts captured before the plan was typed.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,8 +51,6 @@ from vfleet.render.release import (
 
 
 def _project_version(folder: str) -> str:
-    import tomllib  # only here: the rest of the module never reads TOML
-
     path = REPO_ROOT / folder / "pyproject.toml"
     return str(tomllib.loads(path.read_text(encoding="utf-8"))["project"]["version"])
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vfleet.config.defaults import DEFAULT_HOST, DEFAULT_PORT, SHUTDOWN_TIMEOUT_S
 from vfleet.config.schema import (
     DEFAULT_INSTANCE,
     HardwareProfile,
@@ -184,8 +185,8 @@ def _model(c: Ctx) -> None:
 
 @rule("listen", "vfleet default", "listen on loopback unless told otherwise")
 def _listen(c: Ctx) -> None:
-    host = c.s.host or "127.0.0.1"
-    port = c.s.port or 8000
+    host = c.s.host or DEFAULT_HOST
+    port = c.s.port or DEFAULT_PORT
     c.d["host"], c.d["port"] = host, port
     why = "loopback by default: put nginx or a firewall in front before opening it"
     c.arg("host", host, why if host.startswith("127.") else "operator setting")
@@ -1045,7 +1046,7 @@ def _sidecar(c: Ctx) -> None:
     "drain in-flight requests on SIGTERM",
 )
 def _drain(c: Ctx) -> None:
-    t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else 30
+    t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else SHUTDOWN_TIMEOUT_S
     c.d["shutdown_timeout_s"] = t
     c.arg(
         "shutdown-timeout",

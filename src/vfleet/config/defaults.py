@@ -15,8 +15,10 @@ DEFAULT_PORT = 8000
 # and STOP_MARGIN_S more before it kills what is left.
 SHUTDOWN_TIMEOUT_S = 30
 STOP_MARGIN_S = 30
-# vfleet's folder on a host when run as root (the Makefile's and the role's BASE_DIR).
+# vfleet's folder on a host: as root (the role's vfleet_base_dir, HostVars.base_dir), and the
+# Makefile's BASE_DIR for anyone else.
 BASE_DIR = "/opt/vfleet"
+USER_BASE_DIR = "~/.local/share/vfleet"
 # The fleet's Prometheus on the control machine: where it listens, and its folder.
 PROMETHEUS_LISTEN = "127.0.0.1:9090"
 PROMETHEUS_HOST_DIR = f"{BASE_DIR}/prometheus"

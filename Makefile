@@ -243,7 +243,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/vfleet prometheus rules --check
 	$(BIN)/python -m vfleet.render.dashboards --check observability/grafana/dashboards
 	$(BIN)/python -m vfleet.checks.verification --check docs/VERIFICATION.md
-	$(BIN)/python -m pytest -q tests/unit/test_units.py tests/unit/test_layers.py
+	$(BIN)/python -m pytest -q tests/unit/test_units.py tests/unit/test_layers.py tests/unit/test_one_source.py
 
 .PHONY: unit
 unit: venv wheels ## fast tests (no vLLM server)

@@ -102,7 +102,9 @@ class ComposeOptions:
 def _split_listen(listen: str, key: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise VfleetError(f"expected HOST:PORT, got {listen!r}", key=key, fix="e.g. 127.0.0.1:9090")
+        raise VfleetError(
+            f"expected HOST:PORT, got {listen!r}", key=key, fix=f"e.g. {DEFAULT_LISTEN}"
+        )
     return host, int(port)
 
 

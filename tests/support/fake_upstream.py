@@ -7,8 +7,9 @@ with chosen gaps, or change its /metrics between two scrapes on cue: those answe
 here, by a small server that writes each answer byte for byte as the test sets it (status line,
 headers, framing, body, pacing). A route is a fixed Reply or a function of the Request. Users:
 the sidecar and probe tests, the bench client, `vfleet status`, the balancer (nginx in front of
-two of these) and the doctor (one in a process started as vLLM's server module). Everything that
-behaves normally in those tests is real. Loopback only; closing the upstream ends every thread it started.
+two of these) and the doctor (one in a process started as vLLM's server module). Everything
+that behaves normally in those tests is real. Loopback only; closing the upstream ends every
+thread it started.
 """
 
 from __future__ import annotations

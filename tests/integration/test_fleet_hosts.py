@@ -47,8 +47,8 @@ import yaml
 
 from tests.conftest import REPO, ansible_task_times, playbook_failure, require_tools
 from tests.support import loadgen, nspawn
+from tests.support.cases import HOSTILE
 from tests.support.vllm_server import vllm_python, vllm_venv
-from tests.unit.test_escape import HOSTILE
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
 from vfleet.render.plan import plan

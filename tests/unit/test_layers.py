@@ -13,6 +13,7 @@ exactly what it finds: a fixed one must be struck from the list, a new one fails
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,22 @@ def test_imports_of_resolves_relative_and_names_from_a_package(tmp_path: Path) -
         "vfleet.errors",
         "vfleet.render.plan",
     }
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test data and helpers live in tests/support, not in a test module."""
+    tests = SRC.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                if re.match(r"tests\.(unit|integration)\.test_", name):
+                    found.append(f"{path.relative_to(tests.parent)}: {name}")
+    assert not found, "move what they share to tests/support:\n" + "\n".join(found)

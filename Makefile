@@ -246,8 +246,8 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/python -m pytest -q tests/unit/test_units.py tests/unit/test_layers.py tests/unit/test_one_source.py
 
 .PHONY: unit
-unit: venv wheels ## fast tests (no vLLM server)
-	$(BIN)/python -m pytest -q -m "not e2e" tests
+unit: venv wheels ## fast tests (tests/unit: no vLLM, no hosts, no docker; 2 workers)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 .PHONY: test
 # PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (this machine's does, and CI's
@@ -262,19 +262,19 @@ PYTEST := PYTHONDONTWRITEBYTECODE= VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytes
 # (tests/conftest.py), not xdist's default of the most tests first. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-# Of the fleet tests (two systemd-nspawn hosts over SSH), `make test` runs those marked fleet_ci:
-# deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9, preflight,
-# the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a slower
+# Of the fleet tests (two systemd-nspawn hosts over SSH, marked hosts), `make test` runs those
+# marked ci: deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9,
+# preflight, the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a slower
 # release rolled back, an as-fast one kept; docs/BENCHMARKS.md: CI). The crash loop,
 # the rollback under systemd and the two-replica swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker (the run's exit status is pytest's).
-	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" \
+	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts or ci" \
 	  tests || rc=$$?; $(BIN)/python -m tests.support.timeline || true; exit $$rc
 
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)
-	$(PYTEST) -m fleet tests
+	$(PYTEST) -m hosts tests
 
 .PHONY: clean
 clean: ## remove build outputs (keeps .cache with the vLLM venvs)

@@ -36,7 +36,6 @@ from vfleet.render.compose import dotenv_vars
 from vfleet.render.images import images_for, serve_feed, stage_feed
 
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.docker,
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd and debootstrap: needs root"),
 ]

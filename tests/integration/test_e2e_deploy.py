@@ -24,7 +24,7 @@ from tests.conftest import REPO, ansible_task_times, playbook_failure
 from vfleet.config.pins import venv_name, wheelhouse_name
 from vfleet.config.profiles import load_profile
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.vllm
 
 BASE = Path(os.environ.get("VFLEET_E2E_BASE", REPO / ".cache" / "e2e"))
 

@@ -38,7 +38,7 @@ from vfleet.render import dashboards
 from vfleet.render.monitoring import prometheus_argv, prometheus_files
 from vfleet.render.release import write_atomic
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.vllm
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 EXPORTER = Path(sys.executable).with_name("vfleet-exporter")

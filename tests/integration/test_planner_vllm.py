@@ -26,7 +26,7 @@ from tests.conftest import REPO, require_tools
 from tests.support.hf_configs import DENSE, HYBRID
 from tests.support.vllm_server import vllm_python
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.vllm
 
 VENV_PY = vllm_python()
 MODULE = "vllm.entrypoints.launchers.api_server.entry"

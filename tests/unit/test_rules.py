@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib
+import inspect
+import itertools
 import json
+import pkgutil
+import re
 from collections.abc import Callable
+from dataclasses import FrozenInstanceError, fields
 from pathlib import Path
 
 import pytest
@@ -12,8 +19,10 @@ import pytest
 from tests.conftest import REPO, Result
 from tests.support.cases import COMBOS
 from vfleet.config.schema import HostVars
+from vfleet.engine import rules as rules_pkg
 from vfleet.engine.compile import resolve
-from vfleet.engine.rules import RULES
+from vfleet.engine.decisions import Decisions
+from vfleet.engine.rules import RULES, Ctx, Rule
 from vfleet.errors import Refused
 from vfleet.render.release import release_id, render_files
 
@@ -361,3 +370,115 @@ def test_sleep_mode_with_fp8_kv_on_a_hybrid_model_is_refused_before_0_27_1() -> 
     assert resolve("h200-141g", "tiny-dense", sets=sleep).config_values()["kv-cache-dtype"] == "fp8"
     fixed = resolve("a100-32g", "qwen3.8-27b-awq-mtp", sets=sleep[1:])
     assert fixed.config_values()["kv-cache-dtype"] == "fp8"
+
+
+# The rule table in order, recorded before engine/rules.py became a package (issue 21): the order
+# decides which rule reads which decision and which of two arguments wins, so a change to it
+# is a change of behaviour, made here on purpose.
+RULE_ORDER = [
+    "model",
+    "listen",
+    "api-key-in-env",
+    "device-fits-profile",
+    "devices",
+    "tensor-parallel",
+    "dtype-half-sm75",
+    "quantization",
+    "attention-backend",
+    "cuda-env",
+    "cpu-kv-space",
+    "threads",
+    "caches",
+    "plugin",
+    "context-and-batch",
+    "gpu-memory",
+    "speculative",
+    "cudagraphs",
+    "async-scheduling",
+    "prefix-caching",
+    "chunked-prefill",
+    "all-reduce",
+    "multimodal-profiling",
+    "parsers",
+    "bench-thinking-off",
+    "observability",
+    "sidecar",
+    "drain",
+    "restart-policy",
+    "auto-memory",
+    "operator-overrides",
+]
+
+
+def test_the_rule_table_keeps_its_order_names_summaries_and_sources() -> None:
+    assert [r.name for r in RULES] == RULE_ORDER
+    # A rule's function is named after it (`def all_reduce` in rules/multigpu.py), and the
+    # package defines no rule that the table leaves out.
+    assert [r.fn.__name__ for r in RULES] == [n.replace("-", "_") for n in RULE_ORDER]
+    defined = {
+        id(obj)
+        for module in pkgutil.iter_modules(rules_pkg.__path__)
+        for obj in vars(importlib.import_module(f"vfleet.engine.rules.{module.name}")).values()
+        if isinstance(obj, Rule)
+    }
+    assert defined == {id(r) for r in RULES}
+    # Every summary and source as recorded with the order (sha256 of their repr): `vfleet rules`
+    # and `vfleet explain` print them.
+    table = repr([(r.name, r.summary, r.source) for r in RULES]).encode()
+    assert hashlib.sha256(table).hexdigest() == (
+        "a100380a2ff4aef840d23acc86c02546cf62c264148def55eb71a7ae7cac590b"
+    )
+
+
+def test_decisions_are_typed_set_once_and_sealed_after_the_rules() -> None:
+    launch = resolve("cpu", "tiny-hybrid-mtp")
+    d = launch.decisions
+    assert (d.port, d.sidecar_port, d.tp, d.spec_method, d.spec_k) == (8000, 9500, 1, "mtp", 3)
+    assert d.backend is None and d.shutdown_timeout_s == 30 and d.restart_sec == 10
+    with pytest.raises(FrozenInstanceError):
+        d.port = 8001
+    assert launch.port == 8000
+    fresh = Decisions()
+    with pytest.raises(AttributeError):
+        _ = fresh.port  # a rule that reads a decision before the rule that makes it ran
+    fresh.tp = 2
+    with pytest.raises(AssertionError, match="tp set twice"):
+        fresh.tp = 4
+    with pytest.raises(AttributeError, match="no field 'tpp'"):
+        setattr(fresh, "tpp", 2)  # noqa: B010 (mypy refuses the misspelling written plainly)
+    with pytest.raises(AssertionError, match="no rule decided model_dir, served_model_name"):
+        fresh.seal()
+
+
+def test_every_decision_is_documented_with_the_rule_that_makes_it() -> None:
+    """Each field of Decisions has a docstring naming the rule that sets it, and running the
+    rules one by one over these deployments shows that rule, and no other, setting it."""
+    tree = ast.parse(Path(inspect.getfile(Decisions)).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Decisions")
+    docs: dict[str, str] = {}
+    for field, doc in itertools.pairwise(cls.body):
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name):
+            name = field.target.id
+            assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), name
+            docs[name] = str(doc.value.value)
+    assert set(docs) == {f.name for f in fields(Decisions)}
+    documented = {
+        name: set(re.findall(r"Rule\s+`([a-z0-9-]+)`", doc)) for name, doc in docs.items()
+    }
+    assert all(len(rules) == 1 for rules in documented.values()), documented
+    seen: dict[str, set[str]] = {name: set() for name in docs}
+    deployments = [
+        *((p, m, []) for p, m in COMBOS),
+        ("cpu", "tiny-hybrid-mtp", ["draft_vocab_corpus=/srv/c.txt", "max_num_batched_tokens=512"]),
+    ]
+    for profile, model, sets in deployments:
+        launch = resolve(profile, model, sets=sets)
+        ctx = Ctx(launch.profile, launch.model, launch.stack_name, launch.settings, launch.host)
+        for r in RULES:
+            before = set(vars(ctx.d))
+            ctx.current = r
+            r.fn(ctx)
+            for name in set(vars(ctx.d)) - before:
+                seen[name].add(r.name)
+        assert ctx.d == launch.decisions
+    assert seen == documented

@@ -113,7 +113,7 @@ def test_each_depth_renders_its_own_speculative_config_through_the_rules() -> No
         launch = cpu(*candidate(dims, {"depth": i}).sets)
         spec = launch.config_values().get("speculative-config")
         if choice.label == "0":
-            assert spec is None and launch.ctx.d["spec_k"] == 0
+            assert spec is None and launch.decisions.spec_k == 0
         else:
             assert isinstance(spec, dict) and spec["num_speculative_tokens"] == int(choice.label)
 

@@ -31,21 +31,21 @@ def test_plan_covers_batch_sizes_prefill_chunks_and_a_decode(
         deployment=PROFILES / "deployments" / deployment if deployment else None,
         sets=sets,
     )
-    d = launch.ctx.d
+    d = launch.decisions
     steps = warmup_plan(launch)["steps"]
     widths = [s["concurrency"] for s in steps if s["max_tokens"] > 1 and s["concurrency"] > 1]
     # every power of two below max_num_seqs, and max_num_seqs itself
-    seqs = int(d["max_num_seqs"])
+    seqs = d.max_num_seqs
     assert max(s["concurrency"] for s in steps) == seqs
     assert all(w & (w - 1) == 0 or w == seqs for w in widths)
     prefills = [s["prompt_tokens"] for s in steps if s["max_tokens"] == 1]
-    chunk = int(d.get("max_num_batched_tokens") or 8192)
+    chunk = d.max_num_batched_tokens or 8192
     assert prefills and max(prefills) <= chunk and prefills == sorted(prefills)
     for s in steps:
-        assert s["prompt_tokens"] + s["max_tokens"] <= int(d["max_model_len"])
+        assert s["prompt_tokens"] + s["max_tokens"] <= d.max_model_len
         assert s["why"]
     assert steps[-1]["max_tokens"] >= 128  # the long-ish decode
-    k = int(d.get("spec_k") or 0)
+    k = d.spec_k
     assert f"{seqs * (1 + k)} tokens per step" in " ".join(s["why"] for s in steps)
 
 

@@ -25,6 +25,7 @@ from vfleet.config.schema import (
     ServeSettings,
     Stack,
 )
+from vfleet.engine.decisions import Decisions
 from vfleet.engine.rules import Ctx, Entry, Note, apply
 from vfleet.engine.versions import server_module
 from vfleet.errors import VfleetError
@@ -49,7 +50,7 @@ class Launch:
 
     @property
     def stack(self) -> Stack:
-        return self.profile.stacks[self.stack_name]
+        return self.ctx.stack
 
     @property
     def instance(self) -> str:
@@ -68,20 +69,25 @@ class Launch:
         return self.ctx.notes
 
     @property
+    def decisions(self) -> Decisions:
+        """What the rules decided (port, TP, context, MTP depth, service timings, ...)."""
+        return self.ctx.d
+
+    @property
     def port(self) -> int:
-        return int(self.ctx.d["port"])
+        return self.decisions.port
 
     @property
     def listen_host(self) -> str:
-        return str(self.ctx.d["host"])
+        return self.decisions.host
 
     @property
     def served_model_name(self) -> str:
-        return str(self.ctx.d["served_model_name"])
+        return self.decisions.served_model_name
 
     @property
     def model_dir(self) -> str:
-        return str(self.ctx.d["model_dir"])
+        return self.decisions.model_dir
 
     @property
     def venv(self) -> str:

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from vfleet.config.schema import HardwareProfile, ModelArch, ModelPreset
+from vfleet.config.schema import HardwareProfile, ModelArch, ModelPreset, ServeSettings, Stack
+from vfleet.engine.decisions import Decisions
 from vfleet.engine.gpu_memory import (
+    GIB,
     MIB,
     MemInputs,
     MemoryModel,
@@ -46,7 +49,6 @@ from vfleet.engine.gpu_memory import (
 from vfleet.engine.gpu_memory import weight_bytes as weight_bytes  # doctor's disk estimate
 from vfleet.errors import VfleetError
 
-GIB = 1 << 30
 DTYPE_BYTES = {
     "bfloat16": 2,
     "float16": 2,
@@ -286,11 +288,11 @@ class Plan:
 
 
 def memory_inputs(
-    profile: HardwareProfile, d: dict[str, Any], args: dict[str, Any], vllm: str
+    profile: HardwareProfile, d: Decisions, args: dict[str, Any], vllm: str
 ) -> MemInputs:
-    """The memory model's inputs from what the rules decided (ctx.d) and the rendered args."""
+    """The memory model's inputs from what the rules decided and the rendered args."""
     card = card_memory(profile)
-    seqs = int(d.get("max_num_seqs", 1))
+    seqs = d.max_num_seqs
     batched = args.get("max-num-batched-tokens")
     cc = args.get("compilation-config")
     if isinstance(cc, dict) and "cudagraph_mode" in cc:
@@ -304,7 +306,7 @@ def memory_inputs(
     if args.get("enforce-eager"):
         mode = "NONE"
     return MemInputs(
-        tp=int(d.get("tp", 1)),
+        tp=d.tp,
         max_num_seqs=seqs,
         batched_tokens=int(batched)
         if batched
@@ -312,7 +314,7 @@ def memory_inputs(
         batched_default=not batched,
         cudagraph_mode=mode,
         capture_sizes=sizes,
-        backend=str(args.get("attention-backend") or d.get("backend") or ""),
+        backend=str(args.get("attention-backend") or d.backend or ""),
         custom_all_reduce=not args.get("disable-custom-all-reduce"),
         vision_loaded=not args.get("language-model-only"),
         mm_profiled=not args.get("skip-mm-profiling"),
@@ -325,7 +327,7 @@ def memory_inputs(
 def memory_model(
     profile: HardwareProfile,
     preset: ModelPreset,
-    d: dict[str, Any],
+    d: Decisions,
     args: dict[str, Any],
     vllm: str,
 ) -> MemoryModel:
@@ -382,25 +384,25 @@ def gpu_split(model: MemoryModel, util: float | None, kv_bytes: int | None = Non
 def inputs_from(
     profile: HardwareProfile,
     arch: ModelArch,
-    d: dict[str, Any],
+    d: Decisions,
     args: dict[str, Any],
     kv_bytes: int,
     vllm: str = "",
 ) -> KvInputs:
-    """KvInputs from what the rules decided (ctx.d) and the rendered arguments."""
+    """KvInputs from what the rules decided and the rendered arguments."""
     dtype = str(args.get("dtype", "auto"))
     ssm = str(args.get("mamba-ssm-cache-dtype", ""))
     halves = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
     return KvInputs(
         arch=arch,
         kv_bytes=kv_bytes,
-        max_model_len=int(d["max_model_len"]),
-        tp=int(d.get("tp", 1)),
+        max_model_len=d.max_model_len,
+        tp=d.tp,
         model_dtype=arch.dtype if dtype == "auto" else halves[dtype],
         kv_cache_dtype=str(args.get("kv-cache-dtype", "auto")),
-        spec_tokens=int(d.get("spec_k", 0)),
-        spec_mtp=d.get("spec_method") == "mtp",
-        prefix_caching=bool(d.get("prefix_caching")),
+        spec_tokens=d.spec_k,
+        spec_mtp=d.spec_method == "mtp",
+        prefix_caching=d.prefix_caching,
         device="cpu" if profile.accelerator.kind == "cpu" else "cuda",
         ssm_dtype=None if ssm in ("", "auto") else ssm,
         # The CPU profile's plan is for the CPU of the machine that plans (the control machine,
@@ -409,27 +411,43 @@ def inputs_from(
     )
 
 
-def _inputs(launch: Any, kv_bytes: int) -> KvInputs:
+class Deployment(Protocol):
+    """What the planner reads of a resolved deployment (vfleet.engine.compile.Launch)."""
+
+    @property
+    def profile(self) -> HardwareProfile: ...
+    @property
+    def model(self) -> ModelPreset: ...
+    @property
+    def settings(self) -> ServeSettings: ...
+    @property
+    def stack(self) -> Stack: ...
+    @property
+    def decisions(self) -> Decisions: ...
+    def config_values(self) -> dict[str, Any]: ...
+
+
+def _inputs(launch: Deployment, kv_bytes: int) -> KvInputs:
     return inputs_from(
         launch.profile,
         launch.model.arch,
-        launch.ctx.d,
+        launch.decisions,
         launch.config_values(),
         kv_bytes,
         launch.stack.vllm,
     )
 
 
-def launch_memory_model(launch: Any) -> MemoryModel:
+def launch_memory_model(launch: Deployment) -> MemoryModel:
     return memory_model(
-        launch.profile, launch.model, launch.ctx.d, launch.config_values(), launch.stack.vllm
+        launch.profile, launch.model, launch.decisions, launch.config_values(), launch.stack.vllm
     )
 
 
-def plan_launch(launch: Any) -> Plan:
-    profile: HardwareProfile = launch.profile
+def plan_launch(launch: Deployment) -> Plan:
+    profile = launch.profile
     args = launch.config_values()
-    d = launch.ctx.d
+    d = launch.decisions
     split: GpuSplit | None = None
     util: float | None = None
     if profile.accelerator.kind == "cpu":
@@ -445,7 +463,7 @@ def plan_launch(launch: Any) -> Plan:
         kv_bytes = max(0, split.kv_bytes)
     x = _inputs(launch, kv_bytes)
     kv = kv_plan(x)
-    seqs = int(d["max_num_seqs"])
+    seqs = d.max_num_seqs
     problems: list[str] = []
     warnings: list[str] = []
     if kv.num_blocks < kv.blocks_per_request:
@@ -507,10 +525,12 @@ def plan_launch(launch: Any) -> Plan:
     )
 
 
-def alternatives(launch: Any, resolve_with: Any) -> list[tuple[str, Plan]]:
+def alternatives(
+    launch: Deployment, resolve_with: Callable[..., Deployment]
+) -> list[tuple[str, Plan]]:
     """Smallest single changes that make a plan fit: the longest shorter context, fp8 KV,
     one draft token less, one sequence. `resolve_with(extra_sets)` re-resolves the deployment."""
-    d = launch.ctx.d
+    d = launch.decisions
 
     def fits(change: str) -> Plan | None:
         try:
@@ -520,7 +540,7 @@ def alternatives(launch: Any, resolve_with: Any) -> list[tuple[str, Plan]]:
         return p if p.fits and not p.warnings else None
 
     out: list[tuple[str, Plan]] = []
-    mml = int(d["max_model_len"])
+    mml = d.max_model_len
     for frac in (0.75, 0.5, 0.25, 0.125):
         change = f"max_model_len={max(256, int(mml * frac) // 256 * 256)}"
         if (p := fits(change)) is not None:
@@ -530,9 +550,9 @@ def alternatives(launch: Any, resolve_with: Any) -> list[tuple[str, Plan]]:
     gpu = launch.profile.accelerator.kind != "cpu"
     if gpu and launch.config_values().get("kv-cache-dtype", "auto") == "auto":
         others.append("kv_cache_dtype=fp8")
-    if int(d.get("spec_k", 0)) > 1:
-        others.append(f"speculative.num_speculative_tokens={int(d['spec_k']) - 1}")
-    if int(d["max_num_seqs"]) > 1:
+    if d.spec_k > 1:
+        others.append(f"speculative.num_speculative_tokens={d.spec_k - 1}")
+    if d.max_num_seqs > 1:
         others.append("max_num_seqs=1")
     for change in others:
         if (p := fits(change)) is not None:

@@ -30,12 +30,12 @@ def _powers_of_two_upto(n: int) -> list[int]:
 
 
 def warmup_plan(launch: Launch) -> dict[str, Any]:
-    d = launch.ctx.d
-    max_len = int(d["max_model_len"])
-    seqs = int(d["max_num_seqs"])
-    k = int(d.get("spec_k") or 0)
+    d = launch.decisions
+    max_len = d.max_model_len
+    seqs = d.max_num_seqs
+    k = d.spec_k
     # vLLM's own default chunk when unset (8192 with chunked prefill on the V1 engine).
-    chunk = int(d.get("max_num_batched_tokens") or 8192)
+    chunk = d.max_num_batched_tokens or 8192
     cpu = launch.profile.accelerator.kind == "cpu"
     steps: list[dict[str, Any]] = []
     for n in _powers_of_two_upto(seqs):

@@ -68,7 +68,7 @@ def _depth(launch: Launch, depths: Sequence[int]) -> Dimension | str:
         else Choice(str(k), ("speculative.method=mtp", f"speculative.num_speculative_tokens={k}"))
         for k in depths
     )
-    now = int(launch.ctx.d.get("spec_k", 0)) if launch.ctx.d.get("spec_method") == "mtp" else 0
+    now = launch.decisions.spec_k if launch.decisions.spec_method == "mtp" else 0
     start = [int(c.label) for c in choices].index(now) if now in depths else 0
     return Dimension(
         "depth",

@@ -223,7 +223,7 @@ def fragment(profile_name: str) -> dict[str, object]:
     )
     # vLLM's drain (--shutdown-timeout, the drain rule's default) and STOP_MARGIN_S more; a drain
     # set with SET=shutdown_timeout_s=... longer than that needs stop_grace_period changed too.
-    drain = int(resolve(DEFAULT_PROFILE, DEFAULT_MODEL).ctx.d["shutdown_timeout_s"])
+    drain = resolve(DEFAULT_PROFILE, DEFAULT_MODEL).decisions.shutdown_timeout_s
     stop_grace = drain + STOP_MARGIN_S
     start = profile.start_timeout_s
     init: dict[str, object] = {

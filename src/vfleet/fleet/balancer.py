@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vfleet.config.defaults import STOP_MARGIN_S
 from vfleet.errors import VfleetError
 from vfleet.fleet.inventory import (
     address,
@@ -268,7 +269,7 @@ def cmd_render(a: argparse.Namespace) -> int:
             "group": a.group,
             "served_model_name": name,
             "listen": a.listen,
-            "drain_timeout_s": drain + 30,
+            "drain_timeout_s": drain + STOP_MARGIN_S,
             "replicas": [asdict(r) for r in replicas],
         }
         save(prefix, state)

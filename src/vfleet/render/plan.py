@@ -91,7 +91,7 @@ class Software:
     """What the instance's venv and host get installed: the stack and its pins."""
 
     stack_name: str
-    """The stack's name in profiles/ (e.g. vllm-cpu-0.27.1)."""
+    """The stack's name in the hardware profile (a key of its `stacks`)."""
     stack: Stack
     """The stack: vLLM, torch, CUDA and Python pins, package name, plugin."""
     packages: list[str]

@@ -47,13 +47,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
 KNOWN_CYCLES: dict[tuple[str, ...], str] = {
     ("vfleet.checks.stacks", "vfleet.render.plan"): "plan needs requirements(), stacks the "
     "probe/plugin versions",
-    (
-        "vfleet.fleet.balancer",
-        "vfleet.fleet.perfgate_run",
-        "vfleet.fleet.status",
-        "vfleet.fleet.swap",
-    ): "host targeting (hosts_of, host_namespace, base_url) lives in swap and status, not in one "
-    "inventory module",
 }
 
 # Private names (a leading underscore) imported from another module at fae2b44: (importer,
@@ -61,8 +54,6 @@ KNOWN_CYCLES: dict[tuple[str, ...], str] = {
 KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {
     ("vfleet.checks.vllm_check", "vfleet.hostside.tinymodels", "_hybrid_moe"): "the check "
     "reuses the tiny models' MoE test",
-    ("vfleet.fleet.swap", "vfleet.fleet.doctor", "_settings"): "settings from --set live in doctor",
-    ("vfleet.fleet.tune", "vfleet.fleet.doctor", "_settings"): "settings from --set live in doctor",
     ("vfleet.fleet.tune_measure", "vfleet.cli.bench", "_server"): "tune borrows bench's server",
     ("vfleet.fleet.tune_measure", "vfleet.cli.bench", "_version"): "tune borrows bench's version",
 }

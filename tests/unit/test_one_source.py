@@ -202,8 +202,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("pm2's version", PROM_SPECS): "ansible: the vfleet_prometheus spec's default repeats it",
     ("the fleet Prometheus' pm2 name", "ansible/roles/vfleet/tasks/stop.yml"): "ansible: "
     "stop.yml deletes vfleet-prometheus by name instead of taking it from the plan",
-    ("vLLM's drain (--shutdown-timeout) default", "src/vfleet/fleet/balancer.py"): "fleetseams: "
-    "the balancer's nginx wait is `drain + 30`, STOP_MARGIN_S written again",
 }
 
 

@@ -304,9 +304,17 @@ def test_perfgate_module_is_used_by_swap() -> None:
 
 # A transient spike on a busy machine cannot be produced on demand: this one test stands in a
 # recorded-figures `measure` (the real one is run by the fleet test) and says so.
-@pytest.mark.parametrize(("second_slow", "state"), [(False, "pass"), (True, "fail")])
+@pytest.mark.parametrize(
+    ("later", "state", "said"),
+    [
+        (["ok"], "pass", "bench 2 passed; the earlier one(s) failed (bench 1: TTFT p95 s)"),
+        (["spike", "ok"], "pass", "bench 3 passed; the earlier one(s) failed (bench 1: TTFT "
+         "p95 s; bench 2: TTFT p95 s): load, not the release"),
+        (["spike", "spike"], "fail", "confirmed by 3 benches in a row"),
+    ],
+)  # fmt: skip
 def test_a_failed_bench_is_measured_again_and_only_a_repeated_failure_fails(
-    monkeypatch: pytest.MonkeyPatch, second_slow: bool, state: str
+    monkeypatch: pytest.MonkeyPatch, later: list[str], state: str, said: str
 ) -> None:
     import argparse
 
@@ -314,9 +322,11 @@ def test_a_failed_bench_is_measured_again_and_only_a_repeated_failure_fails(
 
     row = DATA["unchanged_c4"][0]
     spike = figures({**row, "ttft_p95_s": row["ttft_p95_s"] + 5.0})  # CI saw 0.09 -> 1.41 s
-    seen = iter([spike if second_slow else figures(row)])
+    seen = iter([spike if x == "spike" else figures(row) for x in later])
+    calls: list[int] = []
 
-    def recorded(*_args: Any, **_kw: Any) -> perfgate.Measurement:
+    def recorded(*_args: Any, **kw: Any) -> perfgate.Measurement:
+        calls.append(kw["seed"])
         return perfgate.Measurement(next(seen), 8, 1.0, [])
 
     monkeypatch.setattr(perfgate_cli, "measure", recorded)
@@ -325,11 +335,33 @@ def test_a_failed_bench_is_measured_again_and_only_a_repeated_failure_fails(
     assert first.state == "fail"
     a = argparse.Namespace(model="m", api_key_env=None, speculative=SPEC)
     v = perfgate_cli._confirmed(
-        first, a, "http://127.0.0.1:9", shape(4), reference, DEFAULT_TOLERANCES
+        first, a, "http://127.0.0.1:9", shape(4), reference, DEFAULT_TOLERANCES, pause_s=0
     )
     assert v.state == state
-    assert v.reasons[-1] == (
-        "confirmed by a second bench"
-        if second_slow
-        else "the first bench failed (" + "; ".join(first.reasons) + "), a second one passed"
+    assert v.reasons[-1].startswith(said), v.reasons
+    assert calls == list(range(1, len(later) + 1))  # each bench its own prompts
+
+
+def test_two_benches_failing_on_tokens_per_step_are_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokens per step is a count the machine's load does not move: a release that fails on it
+    twice is not benched a third time (the recorded slow release: max_num_seqs 1)."""
+    import argparse
+
+    from vfleet import perfgate_cli
+
+    calls: list[int] = []
+
+    def recorded(*_args: Any, **kw: Any) -> perfgate.Measurement:
+        calls.append(kw["seed"])
+        return perfgate.Measurement(figures(DATA["slow_c4"][1]), 8, 1.0, [])
+
+    monkeypatch.setattr(perfgate_cli, "measure", recorded)
+    reference = ref(DATA["unchanged_c4"][0], 4)
+    first = decide(reference, figures(DATA["slow_c4"][0]), shape(4), DEFAULT_TOLERANCES, SPEC)
+    assert first.state == "fail" and "tokens_per_step" in perfgate_cli._failed_on(first)
+    a = argparse.Namespace(model="m", api_key_env=None, speculative=SPEC)
+    v = perfgate_cli._confirmed(
+        first, a, "http://127.0.0.1:9", shape(4), reference, DEFAULT_TOLERANCES, pause_s=0
     )
+    assert v.state == "fail" and v.reasons[-1] == "confirmed by 2 benches in a row"
+    assert calls == [1]

@@ -102,9 +102,21 @@ compose: venv ## render PROFILE x MODEL for docker compose into COMPOSE_OUT (MOD
 	$(BIN)/vfleet compose -p $(PROFILE) -m $(MODEL) --model-dir $(MODEL_DIR) \
 	  $(foreach s,$(SET),--set $(s)) --out $(COMPOSE_OUT)
 
+# PERF_GATE=1: deploy a changed release through `vfleet swap` instead (the same role, then the
+# health gates and the performance gate, with automatic rollback to the previous release on a
+# failed one; docs/SWAP.md "Performance gate"). For a host that already serves a release.
+PERF_GATE ?=
+
 .PHONY: deploy
-deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine; API_KEY_FILE=file with the key)
+deploy: venv wheels ## deploy PROFILE x MODEL to HOST (default: CPU profile on this machine; API_KEY_FILE=file with the key; PERF_GATE=1: gated, with rollback)
+ifeq ($(PERF_GATE),1)
+	$(BIN)/vfleet swap $(HOST) --model $(MODEL) -i $(INVENTORY) \
+	  $(if $(filter command line environment,$(origin INSTANCE)),--instance $(INSTANCE)) \
+	  $(if $(filter localhost,$(HOST)),--base-dir $(BASE_DIR)) $(foreach s,$(SET),--set $(s)) \
+	  $(KEY_FILE_ARG) $(if $(SERIAL),--serial $(SERIAL))
+else
 	$(BIN)/ansible-playbook -i $(INVENTORY) ansible/deploy.yml $(ANSIBLE_VARS) $(ANSIBLE_ARGS)
+endif
 
 .PHONY: stop
 stop: venv ## stop the instance on HOST

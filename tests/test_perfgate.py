@@ -365,3 +365,21 @@ def test_two_benches_failing_on_tokens_per_step_are_enough(monkeypatch: pytest.M
     )
     assert v.state == "fail" and v.reasons[-1] == "confirmed by 2 benches in a row"
     assert calls == [1]
+
+
+def test_make_deploy_with_perf_gate_deploys_through_the_gated_swap() -> None:
+    """`make deploy PERF_GATE=1` runs `vfleet swap` (gates, performance gate, rollback) with the
+    deploy's host, model, inventory and settings; without it, the plain playbook. What make
+    would run (`make -n`): the swap itself is what the fleet test runs."""
+
+    def would_run(*args: str) -> str:
+        out = subprocess.run(
+            ["make", "-n", "deploy", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+        return " ".join(out.replace("\\\n", " ").split())
+
+    gated = would_run("PERF_GATE=1", "HOST=node1", "INVENTORY=inv.yml", "SET=max_num_seqs=2")
+    assert "vfleet swap node1 --model tiny-hybrid-mtp -i inv.yml --set max_num_seqs=2" in gated
+    assert "--no-perf-gate" not in gated and "ansible/deploy.yml" not in gated
+    plain = would_run("HOST=node1", "INVENTORY=inv.yml")
+    assert "ansible-playbook -i inv.yml ansible/deploy.yml" in plain and "vfleet swap" not in plain

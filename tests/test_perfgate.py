@@ -73,7 +73,7 @@ def test_noise_under_a_fleet_runs_load_passes_the_tolerances_the_fleet_test_uses
     key: str, concurrency: int
 ) -> None:
     """Every ordered pair of the benches taken during a fleet run (minutes apart, load average
-    up to 13.8 on 2 cores) passes with the fleet test's tolerances; with the defaults, made for
+    up to 35 on 2 cores) passes with the fleet test's tolerances; with the defaults, made for
     a box that only serves, some pair fails on a timing figure, never on tokens per step."""
     benches = DATA[key]
     failed_on: set[str] = set()

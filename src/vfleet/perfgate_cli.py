@@ -196,7 +196,7 @@ def _previous(path: str | None) -> PerfRecord | None:
 CONFIRM_BENCHES = 3
 CONFIRM_PAUSE_S = 20.0
 # Counts, not times: the machine's load barely moves them (during a fleet run tokens per step
-# of an unchanged release moved by 13 % at most, output tok/s by 75 %: docs/BENCHMARKS.md,
+# of an unchanged release moved by 13 % at most, output tok/s by 78 %: docs/BENCHMARKS.md,
 # "Performance gate noise under a fleet run's load"). Two benches that fail on one of them are
 # enough: a third would only cost a slower release's bench again.
 LOAD_FREE = frozenset({"acceptance_rate", "tokens_per_step"})

@@ -240,14 +240,14 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/yamllint -s .
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/vfleet images check
-	$(BIN)/python -m vfleet.compose generated --check
+	$(BIN)/python -m vfleet.render.compose generated --check
 	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml swap.yml roles/vfleet roles/vfleet_prometheus
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml
 	$(BIN)/vfleet prometheus rules --check
-	$(BIN)/python -m vfleet.dashboards --check observability/grafana/dashboards
-	$(BIN)/python -m vfleet.verification --check docs/VERIFICATION.md
-	$(BIN)/python -m pytest -q tests/test_units.py
+	$(BIN)/python -m vfleet.render.dashboards --check observability/grafana/dashboards
+	$(BIN)/python -m vfleet.checks.verification --check docs/VERIFICATION.md
+	$(BIN)/python -m pytest -q tests/unit/test_units.py
 
 .PHONY: unit
 unit: venv wheels ## fast tests (no vLLM server)
@@ -276,7 +276,7 @@ TEST_WORKERS ?= 2
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker (the run's exit status is pytest's).
 	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" \
-	  tests || rc=$$?; $(BIN)/python -m tests.timeline || true; exit $$rc
+	  tests || rc=$$?; $(BIN)/python -m tests.support.timeline || true; exit $$rc
 
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)

@@ -32,8 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from vfleet.config import HostVars
-from vfleet.profiles import load_profile
+from vfleet.config.profiles import load_profile
+from vfleet.config.schema import HostVars
 
 # Name -> environment; "{caches}" is the condition's own cache folder.
 COMPARE: dict[str, dict[str, dict[str, str]]] = {

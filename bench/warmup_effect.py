@@ -4,7 +4,7 @@
 Renders the CPU reference deployment (cpu x tiny-hybrid-mtp, the same vllm.yaml, env and
 launch.sh as `make deploy`, torch.compile included) into a temporary base folder, then for each
 round starts vLLM twice: once taking the first "user" request right after /health, once after
-`vfleet-probe --warmup`'s set (src/vfleet/warmup.py) ran. The user request is a streamed chat
+`vfleet-probe --warmup`'s set (src/vfleet/engine/warmup.py) ran. The user request is a streamed chat
 completion with a ~1K-token unique prompt and 64 output tokens; a second identical-shape
 request shows the steady state. Compile caches persist across restarts (as on a real host).
 Loopback only; each server is killed by its process group.
@@ -55,7 +55,7 @@ def wait_health(url: str, proc: subprocess.Popen[bytes], limit: float = 300) -> 
 
 
 def user_request(url: str, model: str, salt: str) -> float:
-    from vfleet.benchmark.client import Client
+    from vfleet.measure.client import Client
 
     prompt = f"[{salt}] " + "The quick brown fox jumps over the lazy dog. " * 25
     result = Client(url, timeout=300).stream(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vfleet.cli import main
+from vfleet.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
@@ -62,12 +62,12 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 
 def ansible_task_times(where: Path) -> dict[str, str]:
-    """Environment that makes Ansible record each task's time per host (tests/callbacks), in
-    one file per test under `where`: `python -m tests.task_times FILE` sums them up."""
+    """Environment that makes Ansible record each task's time per host (tests/support/callbacks), in
+    one file per test under `where`: `python -m tests.support.task_times FILE` sums them up."""
     test = os.environ.get("PYTEST_CURRENT_TEST", "setup").split("::")[-1].split(" ")[0]
     test = re.sub(r"[^\w.-]", "_", test)  # a parametrized id may hold "/" or spaces
     return {
-        "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "tests" / "callbacks"),
+        "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "tests" / "support" / "callbacks"),
         "ANSIBLE_CALLBACKS_ENABLED": "task_times",
         "VFLEET_TASK_TIMES": str(where / f"task-times-{test}.jsonl"),
     }
@@ -101,7 +101,7 @@ def require_tools() -> bool:
 # The slowest files first (CI durations, docs/BENCHMARKS.md). `make test` runs two pytest
 # workers that take whole files in collection order: each starts with one, and takes the next
 # whenever it has two or fewer tests of its own left. So the two longest start at once and the
-# short files fill the gaps at the end; `python -m tests.timeline` shows who ran what.
+# short files fill the gaps at the end; `python -m tests.support.timeline` shows who ran what.
 # Disk: the fleet hosts' venvs (~8 GB) live while the compose test builds its images on the other
 # worker, after the local deploy, which in CI gives its venv back first: peak +25 GB over the
 # start (docs/BENCHMARKS.md, c591479).
@@ -126,7 +126,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Where CI's minutes go: each test phase's start, stop and pytest worker, one JSON line each
-# in build/test-timeline.jsonl, read by `python -m tests.timeline`. Written by the one process
+# in build/test-timeline.jsonl, read by `python -m tests.support.timeline`. Written by the one
+# process
 # that sees every report (xdist's controller, or pytest alone).
 TIMELINE = REPO / "build" / "test-timeline.jsonl"
 

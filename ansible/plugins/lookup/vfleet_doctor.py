@@ -27,8 +27,8 @@ options:
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[Any]:
         try:
-            from vfleet.doctor import preflight, request
-            from vfleet.remote import HOSTFACTS
+            from vfleet.fleet.doctor import preflight, request
+            from vfleet.fleet.remote import HOSTFACTS
         except ImportError as exc:
             raise AnsibleError(f"vfleet is not importable by Ansible's Python ({exc})") from None
         plan = kwargs["plan"]

@@ -16,7 +16,7 @@ DOCUMENTATION = r"""
 name: vfleet_plan
 short_description: render a vfleet instance (files + facts) on the controller
 description:
-  - Calls vfleet.deploy_plan.plan() with the given keyword arguments and returns its dict.
+  - Calls vfleet.render.plan.plan() with the given keyword arguments and returns its dict.
 options:
   profile: {description: hardware profile name, required: true}
   model: {description: model preset name, required: true}
@@ -35,8 +35,8 @@ options:
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[Any]:
         try:
-            from vfleet.deploy_plan import plan
             from vfleet.errors import VfleetError
+            from vfleet.render.plan import plan
         except ImportError as exc:
             raise AnsibleError(
                 f"vfleet is not importable by Ansible's Python ({exc}); run Ansible from the "

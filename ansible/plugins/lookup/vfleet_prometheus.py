@@ -1,6 +1,6 @@
 """Lookup plugin: the fleet Prometheus's files (config, rules, file_sd targets) on the controller.
 
-Calls vfleet.deploy_plan.prometheus_plan(): the same code as `vfleet prometheus render`.
+Calls vfleet.render.plan.prometheus_plan(): the same code as `vfleet prometheus render`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ DOCUMENTATION = r"""
 name: vfleet_prometheus
 short_description: render the fleet Prometheus (config, rules, targets) on the controller
 description:
-  - Calls vfleet.deploy_plan.prometheus_plan() with the given keyword arguments.
+  - Calls vfleet.render.plan.prometheus_plan() with the given keyword arguments.
 options:
   targets: {description: scrape targets (plan monitoring entries + address), required: true}
   prometheus_dir: {description: Prometheus folder on its host, required: true}
@@ -28,8 +28,8 @@ options:
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[Any]:
         try:
-            from vfleet.deploy_plan import prometheus_plan
             from vfleet.errors import VfleetError
+            from vfleet.render.plan import prometheus_plan
         except ImportError as exc:
             raise AnsibleError(
                 f"vfleet is not importable by Ansible's Python ({exc}); run Ansible from the "

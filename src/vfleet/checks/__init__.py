@@ -1,0 +1,2 @@
+"""Checks of rendered configurations against real vLLM and pip (no GPU), and the verification
+table."""

@@ -1,0 +1,1 @@
+"""The command line: argparse front ends over the layers below."""

@@ -1,0 +1,562 @@
+"""GPU memory per rank, term by term as vLLM's own start-up measures it.
+
+vLLM (0.21.0, 0.24.0 and 0.27.1 alike: v1/worker/gpu_worker.py determine_available_memory)
+asks for `requested = ceil(total * gpu_memory_utilization)` of the card as torch reports it
+(MemorySnapshot: cudaMemGetInfo), taken after the CUDA context and NCCL exist, and logs
+`Available KV cache memory = requested - weight - peak activation - non-torch memory -
+Estimated CUDA graph memory`. Each term below has that name, a value, an uncertainty (+/-), where
+it lives ("profiled": inside the request, measured by vLLM at start-up; "outside": what the rest
+of the card must hold, which vLLM never checks) and how it is known. With
+`--kv-cache-memory-bytes` vLLM skips the measurement (it still runs the profile to compile),
+so every term must then fit by prediction alone. docs/PLANNER.md lists the terms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from vfleet.config.schema import HardwareProfile, ModelArch, ModelPreset, Quantization
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+Where = Literal["profiled", "outside"]
+Known = Literal["vLLM source", "measured", "seed log", "public logs", "fitted", "unverified"]
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str  # as vLLM logs it, where it logs it
+    bytes: int
+    uncertainty: int  # +/- bytes
+    where: Where
+    known: Known
+    source: str  # the vLLM file/function, seed or public log it comes from
+    formula: str  # how the value was computed, with the numbers
+    # A profiled term that is not resident while serving text (the vision encoder's profile):
+    # its share of the request is free again for what vLLM allocates after the profile.
+    resident: bool = True
+
+
+@dataclass(frozen=True)
+class CardMemory:
+    total_bytes: int  # torch.cuda.mem_get_info()[1]: what vLLM multiplies by the utilisation
+    uncertainty: int
+    known: Known
+    source: str
+    # The CUDA context with torch initialised (taken before vLLM's start-up snapshot).
+    context_bytes: int = 384 * MIB
+    context_uncertainty: int = 128 * MIB
+    context_known: Known = "unverified"
+
+
+# The card's memory as torch reports it, by (gpu_model, nominal GiB; 0: any size). It is
+# nvidia-smi's memory.total less memory.reserved (the driver's share): on an H200 (driver
+# 580.159.04, 2026-12-01) 143,771 - 616 = 143,155 MiB, and cuMemGetInfo / torch said
+# 150,109,880,320 B = 143,155.9 MiB. nvidia-smi's memory.used excludes the reserved share.
+CARDS: dict[tuple[str, float], CardMemory] = {
+    ("NVIDIA GeForce RTX 2080 Ti", 22): CardMemory(
+        round(21.48 * GIB),
+        5 * MIB,  # printed to 0.01 GiB
+        "seed log",
+        "seeds/004: torch.cuda.get_device_properties: VRAM=21.48 GiB on each of four cards; "
+        "seeds/002's nvidia-smi (22,528 MiB, 21,720 used + ~280 free) agrees",
+    ),
+    ("NVIDIA A100 32GB (DRIVE-PG199-PROD)", 32): CardMemory(
+        32_256 * MIB,
+        256 * MIB,
+        "unverified",
+        "32,768 MiB less the ~1.5% the driver keeps on an A100 40 GB (torch: 39.39 GiB); "
+        "no log of this part reports torch's figure",
+    ),
+    ("NVIDIA H200", 0): CardMemory(
+        150_109_880_320,
+        0,
+        "measured",
+        "measured: torch.cuda.mem_get_info on an H200, driver 580.159.04 (2026-12-01)",
+        context_bytes=527 * MIB,
+        context_uncertainty=16 * MIB,
+        context_known="measured",
+    ),
+}
+# Unknown cards: the nominal size less the 2.4% a 22 GB 2080 Ti loses, +/- 1.5%.
+UNKNOWN_CARD_KEPT = 0.024
+
+
+def card_memory(profile: HardwareProfile) -> CardMemory:
+    acc = profile.accelerator
+    nominal = float(acc.vram_gib or 0)
+    cal = profile.calibration
+    if cal is not None and cal.torch_total_mib:
+        return CardMemory(
+            int(cal.torch_total_mib * MIB),
+            0,
+            "seed log" if cal.torch_total_source.startswith("seeds/") else "unverified",
+            f"profile calibration.torch_total_mib ({cal.torch_total_source or 'operator'})",
+        )
+    known = CARDS.get((acc.gpu_model or "", nominal)) or CARDS.get((acc.gpu_model or "", 0))
+    if known is not None:
+        return known
+    total = int(nominal * GIB * (1 - UNKNOWN_CARD_KEPT))
+    return CardMemory(
+        total,
+        int(nominal * GIB * 0.015),
+        "unverified",
+        f"no entry for {acc.gpu_model!r} {nominal:g} GiB: nominal less {UNKNOWN_CARD_KEPT:.1%}; "
+        "set calibration.torch_total_mib (nvidia-smi memory.total - memory.reserved)",
+    )
+
+
+# =========================================================================== weights
+
+
+def param_counts(arch: ModelArch) -> dict[str, int]:
+    """Parameter counts by part (text model), from the architecture facts."""
+    h, inter = arch.hidden_size, arch.intermediate_size or 4 * arch.hidden_size
+    q_out = arch.num_attention_heads * arch.head_dim * (2 if arch.hybrid else 1)  # gated q
+    kv_out = 2 * arch.num_key_value_heads * arch.head_dim
+    attn = h * (q_out + kv_out) + arch.num_attention_heads * arch.head_dim * h
+    mlp = 3 * h * inter * (1 if arch.num_experts is None else arch.num_experts)
+    nk, nv = arch.linear_num_key_heads or 0, arch.linear_num_value_heads or 0
+    dk, dv = arch.linear_key_head_dim or 0, arch.linear_value_head_dim or 0
+    gdn_in_big = h * (2 * nk * dk + 2 * nv * dv)  # in_proj_qkvz
+    gdn_in_small = h * 2 * nv  # in_proj_ba
+    gdn_out = nv * dv * h
+    n_full = arch.full_attention_layers
+    n_gdn = arch.num_hidden_layers - n_full
+    return {
+        "attention": n_full * attn,
+        "gdn_in_proj_qkvz": n_gdn * gdn_in_big,
+        "gdn_small": n_gdn
+        * (gdn_in_small + (2 * nk * dk + nv * dv) * (arch.linear_conv_kernel_dim or 0)),
+        "gdn_out_proj": n_gdn * gdn_out,
+        "mlp": arch.num_hidden_layers * mlp,
+        "embedding": arch.vocab_size * h,
+        "lm_head": arch.vocab_size * h,
+        "mtp": arch.mtp_layers * (attn + mlp + 2 * h * h),
+    }
+
+
+def quant_bytes(method: str, sm: tuple[int, int] | None) -> float:
+    """Bytes per parameter of a quantised linear weight once vLLM has loaded it, scales
+    included. AWQ int4 g128 runs as Marlin (int4 + fp16 scale + 4-bit zero per 128). FP8 block
+    128x128 below SM89 (no fp8 tensor cores) runs as Marlin too, which turns the fp32 block
+    scales into fp16 group scales per 128 inputs and output channel
+    (quantization/utils/marlin_utils_fp8.py prepare_fp8_layer_for_marlin); from SM89 the block
+    scales stay (one fp32 per 128x128), as in the checkpoint (sm None: the bytes on disk)."""
+    if method == "awq":
+        return 0.5 + (2 + 0.5) / 128
+    if method == "fp8":
+        return 1.0 + (2 / 128 if sm is not None and sm < (8, 9) else 4 / (128 * 128))
+    return 2.0
+
+
+def weight_bytes(
+    arch: ModelArch, q: Quantization, sm: tuple[int, int] | None = None
+) -> dict[str, int]:
+    """Weight bytes by part. What stays 16-bit in the quantised checkpoints: embeddings,
+    lm_head, the MTP module and the small GDN projections (seed 001 lists them); the large
+    linear layers (attention, GDN in/out, MLP) are quantised."""
+    counts = param_counts(arch)
+    qb = quant_bytes(q.method, sm)
+    quantised = ("attention", "gdn_in_proj_qkvz", "gdn_out_proj", "mlp")
+    return {k: int(v * (qb if k in quantised else 2)) for k, v in counts.items()}
+
+
+# =========================================================================== inputs
+
+
+@dataclass(frozen=True)
+class MemInputs:
+    """What the terms depend on, read from the rendered arguments."""
+
+    tp: int
+    max_num_seqs: int
+    batched_tokens: int  # max_num_batched_tokens: the profile run's dummy batch
+    batched_default: bool  # vLLM's default (not rendered)
+    cudagraph_mode: str  # NONE, PIECEWISE, FULL, FULL_AND_PIECEWISE, ...
+    capture_sizes: tuple[int, ...]
+    backend: str
+    custom_all_reduce: bool
+    vision_loaded: bool  # the vision tower's weights are on the GPU
+    mm_profiled: bool  # vLLM runs the vision encoder in its profile (no --skip-mm-profiling)
+    vllm: str
+    # The MTP module's weights are loaded only by the MTP drafter: with speculative decoding off
+    # (or another method) "Model loading took" leaves them out (H200 lane, mid-hybrid-mtp:
+    # 3.71 GiB without MTP, 4.15 GiB with it; docs/GPU.md).
+    mtp_loaded: bool = True
+
+
+def default_batched_tokens(card: CardMemory, gpu_model: str) -> int:
+    """vLLM's default max_num_batched_tokens for the API server (engine/arg_utils.py
+    get_batch_defaults, the same in 0.21.0, 0.24.0 and 0.27.1): 8192 on cards of >= 70 GiB
+    that are not A100s, 2048 otherwise."""
+    big = card.total_bytes >= 70 * GIB and "a100" not in gpu_model.lower()
+    return 8192 if big else 2048
+
+
+def _version(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in v.split(".")[:2])
+    except ValueError:
+        return (0, 0)
+
+
+# =========================================================================== terms
+
+# The fla chunked GDN prefill (model_executor/layers/fla/ops/chunk.py
+# chunk_gated_delta_rule_fwd), per token and value head, fp16 with K = V = 128 and 64-token
+# chunks: q and k (one key head per 3 value heads: 171), v 256, g 4, the solved A 128, w 256,
+# u 256, the chunk states h (128 x 128 x 2 / 64 = 512), v_new 256, o 256.
+GDN_PREFILL_BYTES_PER_TOKEN_HEAD = 2_100
+# Per-rank sampler buffers per sequence and vocabulary entry during the profile's sampler
+# run (gpu_model_runner.py _dummy_sampler_run): fp16 logits 2, fp32 logits 4, top-k/top-p
+# sort values and int64 indices 12, probabilities 4, the rejection sampler's fp32 logits for
+# 2 rows per sequence 8, fp32 draft probabilities 4.
+SAMPLER_BYTES_PER_SEQ_VOCAB = 34
+# The vision encoder's profile: its token budget, patches per token (2 x 2 merge) and the
+# tower's widths (Qwen3.5 / Qwen3-VL family: hidden 1152, MLP 4304).
+VISION_BUDGET_TOKENS, VISION_PATCHES_PER_TOKEN = 16384, 4
+VISION_HIDDEN, VISION_MLP = 1152, 4304
+FLASHINFER_WORKSPACE = 394 * MIB  # envs.py VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE (default)
+CUSTOM_ALL_REDUCE = 24 * MIB  # custom_all_reduce.py: 8 MiB meta + 8 MiB buffer + 8 MiB rank_data
+# CUDA graph estimate (gpu_model_runner.py profile_cudagraph_memory): the first capture of a
+# mode plus (captures - 1) x the second capture's cost, at least 1 MiB each. Fitted to three
+# public logs of Qwen3.6-27B (FlashInfer, MTP, PIECEWISE) on RTX 3090s:
+# noonghunna/club-3090 #104 (TP 2, PIECEWISE=5, largest 16: 0.13 GiB), #44 (TP 4, 7 sizes,
+# largest 32: 0.17 GiB), #127 (TP 4, 5 sizes, largest 16: 0.17 GiB): first = 88 + 20 x TP MiB,
+# 1 MiB per further size (vLLM's floor).
+GRAPH_FIRST_BASE, GRAPH_FIRST_PER_TP, GRAPH_PER_SIZE = 88 * MIB, 20 * MIB, 1 * MIB
+
+
+def gpu_terms(
+    arch: ModelArch,
+    preset: ModelPreset,
+    sm: tuple[int, int],
+    card: CardMemory,
+    m: MemInputs,
+    residual_bytes: int = 0,
+    runtime_residual_bytes: int = 0,
+    residual_source: str = "",
+) -> list[Term]:
+    """Every memory term per rank besides the KV cache."""
+    tp, h = m.tp, arch.hidden_size
+    inter = arch.intermediate_size or 4 * h
+    terms: list[Term] = []
+
+    parts = weight_bytes(arch, preset.quantization, sm)
+    if not m.mtp_loaded:
+        parts.pop("mtp", None)
+    weights = sum(v // tp for v in parts.values())
+    vision = int(preset.unmodelled_weights_gib * GIB) // tp if m.vision_loaded else 0
+    terms.append(
+        Term(
+            "weight",
+            weights + vision,
+            int(0.03 * (weights + vision)),
+            "profiled",
+            "vLLM source",
+            "gpu_model_runner.py load_model (logged: 'Model loading took X GiB memory'); "
+            "shapes from the model's config, packing from the quantisation kernels "
+            "(quant_bytes); +/-3%: which tensors stay 16-bit is read from one seed",
+            f"{sum(parts.values()) / GIB:.2f} GiB text model"
+            + ("" if m.mtp_loaded or not arch.mtp_layers else " (MTP module not loaded)")
+            + f" / TP {tp}"
+            + (f" + vision {preset.unmodelled_weights_gib:g} GiB / TP {tp}" if vision else ""),
+        )
+    )
+
+    forward = m.batched_tokens * 2 * (3 * inter // tp + 4 * h)
+    sampler = m.max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_SEQ_VOCAB
+    terms.append(
+        Term(
+            "peak activation",
+            forward + sampler,
+            int(0.4 * forward),
+            "profiled",
+            "unverified",
+            "gpu_model_runner.py profile_run: _dummy_run(max_num_batched_tokens) without "
+            "attention metadata (attention and the GDN core skip), then _dummy_sampler_run; "
+            "the torch peak above the weights. +/-40%: inductor's buffer reuse is not modelled",
+            f"{m.batched_tokens} tokens{' (vLLM default)' if m.batched_default else ''} x 2 B x "
+            f"(3 x {inter}/{tp} MLP + 4 x {h} hidden) + "
+            f"{m.max_num_seqs} seqs x {arch.vocab_size} vocab x {SAMPLER_BYTES_PER_SEQ_VOCAB} B",
+        )
+    )
+    if arch.multimodal and m.vision_loaded and m.mm_profiled:
+        patches = VISION_BUDGET_TOKENS * VISION_PATCHES_PER_TOKEN
+        encoder = patches * 2 * (2 * VISION_MLP + 6 * VISION_HIDDEN)
+        cached = VISION_BUDGET_TOKENS * h * 2 * 2
+        terms.append(
+            Term(
+                "peak activation (vision encoder profile)",
+                encoder + cached,
+                encoder // 2,
+                "profiled",
+                "unverified",
+                "gpu_model_runner.py profile_run: without --skip-mm-profiling the encoder runs "
+                "one image of the maximum size (budget 16384 tokens in public 0.27 logs of "
+                "Qwen3.8-27B, noonghunna/club-3090 issue 1047) before the text run, which "
+                "keeps its outputs; freed before serving. Tower shape (27 layers, hidden "
+                "1152, MLP 4304, 2x2 patch merge) from the Qwen3-VL family, not read here",
+                f"{VISION_BUDGET_TOKENS} tokens x {VISION_PATCHES_PER_TOKEN} patches x 2 B x "
+                f"(2 x {VISION_MLP} + 6 x {VISION_HIDDEN}) + outputs {VISION_BUDGET_TOKENS} x "
+                f"{h} x 2 B, twice",
+                resident=False,
+            )
+        )
+    terms.append(
+        Term(
+            "non-torch memory",
+            (192 + (64 if tp > 1 else 0)) * MIB,
+            160 * MIB,
+            "profiled",
+            "unverified",
+            "utils/mem_utils.py memory_profiling: non_torch_increase from the start-up "
+            "snapshot (kernel modules loaded lazily, cuBLAS, NCCL's first collectives)",
+            "192 MiB, + 64 MiB with TP > 1",
+        )
+    )
+    graphs, graph_unc, graph_formula = _graph_estimate(m)
+    if graphs:
+        terms.append(
+            Term(
+                "CUDAGraph memory",
+                graphs,
+                graph_unc,
+                "profiled",
+                "public logs",
+                "gpu_model_runner.py profile_cudagraph_memory (logged: 'Estimated CUDA graph "
+                "memory: X GiB total'; subtracted since VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS "
+                "defaults to 1 in 0.21.0+); per-size costs fitted to noonghunna/club-3090 "
+                "issues 44, 104, 127",
+                graph_formula,
+            )
+        )
+    if residual_bytes:
+        terms.append(
+            Term(
+                "unexplained (fitted)",
+                residual_bytes,
+                abs(residual_bytes),
+                "profiled",
+                "fitted",
+                residual_source,
+                "the seed's logged KV pool less the terms above; its own size is its "
+                "uncertainty at any other configuration",
+            )
+        )
+
+    terms.append(
+        Term(
+            "CUDA context",
+            card.context_bytes,
+            card.context_uncertainty,
+            "outside",
+            card.context_known,
+            "taken before vLLM's start-up snapshot (gpu_worker.py init_device), so outside "
+            "the requested memory; 527 MiB measured on an H200 (132 SMs), less on a "
+            "68-SM 2080 Ti (the per-SM local memory reservation scales with SMs)",
+            f"{card.context_bytes / MIB:.0f} MiB",
+        )
+    )
+    if tp > 1:
+        terms.append(
+            Term(
+                "NCCL communicators",
+                160 * MIB,
+                128 * MIB,
+                "outside",
+                "unverified",
+                "gpu_worker.py init_device: init_worker_distributed_environment runs before "
+                "the snapshot ('This ensures NCCL buffers are allocated before we measure')",
+                "160 MiB per rank",
+            )
+        )
+        if m.custom_all_reduce:
+            terms.append(
+                Term(
+                    "custom all-reduce buffers",
+                    CUSTOM_ALL_REDUCE,
+                    8 * MIB,
+                    "outside",
+                    "vLLM source",
+                    "distributed/device_communicators/custom_all_reduce.py CustomAllreduce: "
+                    "meta + 8 MiB buffer (create_shared_buffer), 8 MiB rank_data",
+                    "24 MiB",
+                )
+            )
+    if m.backend == "FLASHINFER":
+        terms.append(
+            Term(
+                "FlashInfer workspace",
+                FLASHINFER_WORKSPACE,
+                0,
+                "outside",
+                "vLLM source",
+                "v1/attention/backends/flashinfer.py FlashInferMetadataBuilder."
+                "_get_workspace_buffer: allocated on the first request, after the KV cache "
+                "(envs.py VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE)",
+                "394 MiB, one attention metadata builder",
+            )
+        )
+    if arch.hybrid:
+        nk, nv = arch.linear_num_key_heads or 0, arch.linear_num_value_heads or 0
+        dk, dv = arch.linear_key_head_dim or 0, arch.linear_value_head_dim or 0
+        width = (2 * nk * dk + 2 * nv * dv) // tp  # in_proj_qkvz out; the conv out as wide
+        core = m.batched_tokens * (nv // tp) * GDN_PREFILL_BYTES_PER_TOKEN_HEAD
+        layer = m.batched_tokens * 2 * (2 * h + 2 * width) + core
+        excess = max(0, layer - forward)
+        terms.append(
+            Term(
+                "GDN prefill above the profiled peak",
+                excess,
+                core // 2,
+                "outside",
+                "vLLM source",
+                "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py _forward_core "
+                "returns early in the profile run (it warms the kernels on 64 tokens only), so "
+                "a real max_num_batched_tokens prefill chunk's GDN layer is never measured; "
+                "shapes from fla/ops/chunk.py chunk_gated_delta_rule_fwd; +/-50% of the core",
+                f"GDN layer {m.batched_tokens} tokens x (2 B x (2 x {h} + 2 x {width}) + "
+                f"{nv}/{tp} heads x {GDN_PREFILL_BYTES_PER_TOKEN_HEAD} B) = "
+                f"{layer / MIB:.0f} MiB, less the profiled forward {forward / MIB:.0f} MiB",
+            )
+        )
+    if runtime_residual_bytes:
+        terms.append(
+            Term(
+                "unexplained at runtime (fitted)",
+                runtime_residual_bytes,
+                abs(runtime_residual_bytes),
+                "outside",
+                "fitted",
+                residual_source,
+                "the seed's nvidia-smi memory in use while serving less the request and the "
+                "terms above (allocator caching after long prefills, attention temporaries); "
+                "its own size is its uncertainty",
+            )
+        )
+    return terms
+
+
+def _graph_estimate(m: MemInputs) -> tuple[int, int, str]:
+    mode = m.cudagraph_mode.upper()
+    n = len(m.capture_sizes)
+    if mode == "NONE" or n == 0:
+        return 0, 0, ""
+    first = GRAPH_FIRST_BASE + GRAPH_FIRST_PER_TP * m.tp
+    modes = 2 if mode == "FULL_AND_PIECEWISE" else 1
+    value = first + modes * (n - 1) * GRAPH_PER_SIZE
+    unc = 64 * MIB
+    formula = (
+        f"first capture 88 + 20 x TP {m.tp} = {first // MIB} MiB + {modes} x ({n} - 1) sizes x "
+        "1 MiB"
+    )
+    if "FULL" in mode:
+        # 0.26+ charges a transient that grows with max_num_batched_tokens to the FULL mode's
+        # first capture on hybrid GDN models (vllm-project/vllm issue 50780).
+        unc += (1024 if _version(m.vllm) >= (0, 26) else 256) * MIB
+        formula += "; FULL graphs: first capture not measured (vllm issue 50780 on 0.26+)"
+    return value, unc, formula
+
+
+# =========================================================================== the split
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    card: CardMemory
+    terms: list[Term]
+
+    @property
+    def weights(self) -> int:
+        return sum(t.bytes for t in self.terms if t.name == "weight")
+
+    @property
+    def profiled(self) -> int:
+        """Everything vLLM's profiling subtracts from its request besides the weights."""
+        return sum(t.bytes for t in self.terms if t.where == "profiled" and t.name != "weight")
+
+    @property
+    def outside(self) -> int:
+        return sum(t.bytes for t in self.terms if t.where == "outside")
+
+    @property
+    def transient(self) -> int:
+        """Profiled but free again while serving text (the vision encoder's profile)."""
+        return sum(t.bytes for t in self.terms if t.where == "profiled" and not t.resident)
+
+    @property
+    def uncertainty(self) -> int:
+        """Worst case: the terms' errors added (they are model errors, not independent)."""
+        return self.card.uncertainty + sum(t.uncertainty for t in self.terms)
+
+    @property
+    def profiled_uncertainty(self) -> int:
+        """The KV figure's +/- at a utilisation: the card's figure and the profiled terms."""
+        return self.card.uncertainty + sum(
+            t.uncertainty for t in self.terms if t.where == "profiled"
+        )
+
+    @property
+    def outside_uncertainty(self) -> int:
+        """What vLLM's own profiling cannot catch when it sizes the KV cache from the
+        utilisation: the card's figure and the terms outside its request."""
+        return self.card.uncertainty + sum(
+            t.uncertainty for t in self.terms if t.where == "outside"
+        )
+
+    def available_kv(self, util: float) -> int:
+        """vLLM's 'Available KV cache memory' at this utilisation."""
+        return math.ceil(self.card.total_bytes * util) - self.weights - self.profiled
+
+
+AUTO_MARGIN = 0.03  # of the card, kept free when the plan sets the KV bytes itself
+
+
+@dataclass(frozen=True)
+class AutoMemory:
+    """The auto-memory decision: explicit KV bytes, or a utilisation vLLM profiles under."""
+
+    use_bytes: bool
+    kv_bytes: int  # what explicit bytes would be (before rounding to whole blocks)
+    margin_bytes: int
+    uncertainty_bytes: int
+    utilization: float
+    utilization_source: str
+    why: str
+
+
+def auto_memory(model: MemoryModel, tested_util: float | None, tested_by: str) -> AutoMemory:
+    total = model.card.total_bytes
+    margin = int(total * AUTO_MARGIN)
+    kv = total - model.weights - model.profiled - model.outside - margin
+    unc = model.uncertainty
+    if tested_util is not None:
+        util, util_source = tested_util, f"the tested value ({tested_by})"
+    else:
+        # vLLM measures the profiled terms itself; the rest of the card must hold the outside
+        # terms and their uncertainty.
+        spare = model.outside + model.outside_uncertainty
+        util = math.floor(1000 * (total - spare) / total) / 1000
+        util_source = (
+            f"computed: the card less the terms vLLM does not profile "
+            f"({model.outside / MIB:.0f} MiB +/- {model.outside_uncertainty / MIB:.0f} MiB)"
+        )
+    use_bytes = unc <= margin
+    if use_bytes:
+        why = (
+            f"the terms' uncertainty ({unc / MIB:.0f} MiB) is within the "
+            f"{AUTO_MARGIN:.0%} margin ({margin / MIB:.0f} MiB)"
+        )
+    else:
+        why = (
+            f"the memory terms' uncertainty (+/- {unc / MIB:.0f} MiB) exceeds the "
+            f"{AUTO_MARGIN:.0%} margin ({margin / MIB:.0f} MiB) that explicit KV bytes would "
+            "leave, and with --kv-cache-memory-bytes vLLM skips its own memory profiling; "
+            f"gpu-memory-utilization lets vLLM measure the weights, activations and graphs"
+        )
+    return AutoMemory(use_bytes, kv, margin, unc, util, util_source, why)

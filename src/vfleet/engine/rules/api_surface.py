@@ -1,0 +1,106 @@
+"""Rules: the API surface and the service around it (parsers, benchmark mode, observability,
+the metrics sidecar, draining, restart policy)."""
+
+from __future__ import annotations
+
+from vfleet.engine.rules.core import (
+    SEED_A100,
+    SEED_BOOST,
+    SEED_SYSTEMD,
+    Ctx,
+    rule,
+)
+from vfleet.errors import Refused
+
+
+@rule("parsers", SEED_A100 + "; " + SEED_SYSTEMD, "Qwen3 reasoning and tool-call parsers")
+def parsers(c: Ctx) -> None:
+    reasoning = c.s.reasoning_parser or c.model.reasoning_parser
+    if reasoning:
+        c.arg("reasoning-parser", reasoning, "separates <think> content from the answer")
+    tools = c.s.tool_call_parser or c.model.tool_call_parser
+    if tools:
+        auto = c.s.enable_auto_tool_choice if c.s.enable_auto_tool_choice is not None else True
+        if auto:
+            c.arg("enable-auto-tool-choice", True, "let the model decide to call tools")
+        c.arg(
+            "tool-call-parser",
+            tools,
+            "Qwen3's chat template emits <tool_call> XML; "
+            "qwen3_coder parses it (fewer lost tool calls than hermes)",
+        )
+
+
+@rule("bench-thinking-off", SEED_A100, "benchmarks run with thinking disabled")
+def bench_thinking_off(c: Ctx) -> None:
+    if c.s.purpose == "bench":
+        c.arg(
+            "default-chat-template-kwargs",
+            {"enable_thinking": False},
+            "the qwen3 reasoning parser can hide thinking tokens: they count in usage but "
+            "appear in neither content nor reasoning, faking decode figures",
+        )
+
+
+@rule("observability", SEED_A100 + "; " + SEED_BOOST, "details needed to measure the server")
+def observability(c: Ctx) -> None:
+    c.arg(
+        "enable-prompt-tokens-details",
+        True,
+        "reports cached prompt tokens per request (cold vs warm TTFT)",
+    )
+    if c.s.log_requests:
+        c.arg("enable-log-requests", True, "operator setting")
+    c.arg(
+        "disable-uvicorn-access-log",
+        True,
+        "health probes every few seconds would flood the log",
+        SEED_SYSTEMD,
+    )
+
+
+# The sidecar listens next to vLLM: port + 1500 by default (8000 -> 9500), so two instances on
+# one host get two sidecars without configuration, and 9400 (NVIDIA's DCGM exporter) stays free.
+SIDECAR_PORT_OFFSET = 1500
+
+
+@rule("sidecar", "docs/OBSERVABILITY.md", "a metrics sidecar next to every instance")
+def sidecar(c: Ctx) -> None:
+    port = c.d.port
+    sidecar = c.s.sidecar_port or port + SIDECAR_PORT_OFFSET
+    if sidecar == port or sidecar > 65535:
+        raise Refused(
+            "sidecar",
+            f"the sidecar port {sidecar} collides with vLLM's port or is out of range",
+            "set sidecar_port to a free port other than the vLLM port",
+            "vfleet",
+        )
+    c.d.sidecar_port = sidecar
+    c.d.sidecar_window_s = c.s.sidecar_window_s or 60
+
+
+@rule(
+    "drain",
+    "docs/SOURCES.md#upstream (vLLM --shutdown-timeout, 0.18+)",
+    "drain in-flight requests on SIGTERM",
+)
+def drain(c: Ctx) -> None:
+    t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else 30
+    c.d.shutdown_timeout_s = t
+    c.arg(
+        "shutdown-timeout",
+        t,
+        "SIGTERM waits this long for in-flight requests instead of "
+        "failing them with HTTP 500 (the default is 0)",
+    )
+
+
+@rule(
+    "restart-policy",
+    "docs/SOURCES.md#observed (the API server exits 0 when its engine dies; "
+    "crash loop 23 restarts/min)",
+    "restart on any exit, but stop a crash loop with a start limit",
+)
+def restart_policy(c: Ctx) -> None:
+    c.d.restart_sec = c.s.restart_sec if c.s.restart_sec is not None else 10
+    c.d.start_limit_burst = c.s.start_limit_burst or 3

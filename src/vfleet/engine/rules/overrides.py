@@ -1,0 +1,106 @@
+"""Rules that come last: KV sizing from the capacity plan, then the operator's verbatim
+overrides."""
+
+from __future__ import annotations
+
+from vfleet.engine.gpu_memory import GIB, MIB
+from vfleet.engine.gpu_memory import auto_memory as choose_auto_memory
+from vfleet.engine.planner import inputs_from, kv_plan, memory_model
+from vfleet.engine.rules.core import (
+    SEED_TURBO3,
+    VLLM_SOURCE,
+    Ctx,
+    rule,
+)
+from vfleet.engine.rules.identity import API_KEY_ENV
+from vfleet.engine.versions import v
+from vfleet.errors import VfleetError
+
+# Sleep mode's wake-up zeroes a quantised KV cache tensor by tensor; before 0.27.1 it calls
+# .zero_() on the GDN/Mamba layers' state lists and the wake fails, leaving the engine paused
+# (gpu_model_runner.py init_fp8_kv_scales; seen on the H200 lane with 0.24.0, docs/GPU.md).
+SLEEP_FP8_HYBRID_WAKE_FIXED_IN = "0.27.1"
+
+
+@rule(
+    "auto-memory",
+    "vfleet planner (docs/PLANNER.md): vLLM's memory terms from its source; " + SEED_TURBO3,
+    "size the KV cache from the capacity plan when the deployment leaves memory unset",
+)
+def auto_memory(c: Ctx) -> None:
+    if not c.d.auto_memory:
+        return
+    args = {k: e.value for k, e in c.args.items()}
+    model = memory_model(c.profile, c.model, c.d, args, c.stack.vllm)
+    cal = c.profile.calibration
+    auto = choose_auto_memory(
+        model,
+        cal.tested_gpu_memory_utilization if cal else None,
+        cal.tested_by if cal else "",
+    )
+    fit = auto.kv_bytes if auto.use_bytes else model.available_kv(auto.utilization)
+    plan = kv_plan(inputs_from(c.profile, c.model.arch, c.d, args, max(fit, 0), c.stack.vllm))
+    if plan.num_blocks < plan.blocks_per_request and c.strict_memory:
+        c.refuse(
+            f"one {c.d.max_model_len}-token request needs {plan.blocks_per_request} KV blocks "
+            f"({plan.blocks_per_request * plan.bytes_per_block / GIB:.2f} GiB per GPU); after "
+            f"the weights and the other memory terms {max(fit, 0) / GIB:.2f} GiB fit",
+            "run `vfleet plan` for the smallest change that fits (shorter max_model_len, fp8 "
+            "KV, fewer draft tokens, more GPUs)",
+        )
+    if not auto.use_bytes:
+        c.arg(
+            "gpu-memory-utilization",
+            auto.utilization,
+            f"{auto.utilization_source}; not --kv-cache-memory-bytes: {auto.why}; predicted "
+            f"~{plan.kv_cache_tokens:,} KV tokens (+/- "
+            f"{model.profiled_uncertainty / MIB:.0f} MiB of KV), vLLM measures the rest",
+        )
+        return
+    c.arg(
+        "kv-cache-memory-bytes",
+        max(plan.num_blocks * plan.bytes_per_block, 1),  # whole blocks, nothing wasted
+        f"planner: {plan.num_blocks} blocks of {plan.block_size} tokens = "
+        f"{plan.kv_cache_tokens:,} KV tokens, {plan.max_concurrency:.2f}x at "
+        f"{c.d.max_model_len} tokens; {auto.why}",
+    )
+
+
+@rule(
+    "operator-overrides",
+    "vfleet operator setting (deployment file or --set)",
+    "extra_args and extra_env, verbatim",
+)
+def operator_overrides(c: Ctx) -> None:
+    for key, value in (c.s.extra_args or {}).items():
+        if key in c.args:
+            c.warn(
+                f"extra_args overrides --{key} (was {c.args[key].value!r} from rule "
+                f"{c.args[key].rule})"
+            )
+            del c.args[key]
+        c.arg(key, value, "operator override (extra_args)")
+    sleep = (c.s.extra_args or {}).get("enable-sleep-mode")
+    kv = c.args.get("kv-cache-dtype")
+    if (
+        str(sleep).lower() == "true"
+        and kv is not None
+        and str(kv.value).startswith("fp8")
+        and c.model.arch.hybrid
+        and v(c.version) < v(SLEEP_FP8_HYBRID_WAKE_FIXED_IN)
+    ):
+        c.refuse(
+            f"enable-sleep-mode with {kv.value} KV on a hybrid model: vLLM {c.version}'s "
+            "wake_up fails on the GDN state (init_fp8_kv_scales) and leaves the engine paused",
+            "set kv_cache_dtype auto, or use a stack with vLLM >= "
+            + SLEEP_FP8_HYBRID_WAKE_FIXED_IN,
+            VLLM_SOURCE + "; docs/GPU.md (H200 lane)",
+        )
+    for key, value in (c.s.extra_env or {}).items():
+        if key == API_KEY_ENV:
+            raise VfleetError(
+                "the API key does not belong in extra_env",
+                key="extra_env",
+                fix="set api_key (it goes into the 0600 env file)",
+            )
+        c.setenv(key, str(value), "operator override (extra_env)")

@@ -1,0 +1,2 @@
+"""The measurement client behind `vfleet bench`, the performance gate and `vfleet tune`: no hosts,
+no SSH."""

@@ -1,0 +1,2 @@
+"""Layer 3, artefacts: the release files, the deploy plan, monitoring, dashboards, images,
+compose."""

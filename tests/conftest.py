@@ -117,6 +117,24 @@ SLOW_FIRST = (
 )
 
 
+# Markers that say what a test costs (pyproject.toml). A unit test costs none of them.
+COST_MARKERS = ("vllm", "hosts", "docker")
+UNIT_DIR = REPO / "tests" / "unit"
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # fleet_ci was renamed ci; a branch that still adds fleet_ci gets what it meant.
+    if item.get_closest_marker("fleet_ci") and not item.get_closest_marker("ci"):
+        item.add_marker(pytest.mark.ci)
+    if item.path.is_relative_to(UNIT_DIR):
+        costly = [m for m in COST_MARKERS if item.get_closest_marker(m)]
+        if costly:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked {', '.join(costly)}: such a test belongs in "
+                "tests/integration (`make unit` runs tests/unit, none of them)"
+            )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         name = item.path.name

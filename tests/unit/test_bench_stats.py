@@ -8,11 +8,9 @@ also fed byte by byte to the decoder.
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import random
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_upstream import FakeUpstream, Reply, Request
 from vfleet.cli.bench import add_parser, parse_scenarios, parse_sizes
 from vfleet.errors import VfleetError
 from vfleet.measure import prompts, report, stats
@@ -251,42 +250,15 @@ class Stub:
 def stub() -> Iterator[tuple[Stub, str]]:
     state = Stub()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def answer(request: Request) -> Reply:
+        state.requests.append(json.loads(request.body))
+        if state.status != 200:
+            return Reply(state.body, status=state.status)
+        # Chunked, as uvicorn streams; a client that gives up ends the stream (the timeout test).
+        return Reply(content_type="text/event-stream", chunks=state.chunks)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", 0))
-            state.requests.append(json.loads(self.rfile.read(length)))
-            if state.status != 200:
-                self.send_response(state.status)
-                self.send_header("Content-Length", str(len(state.body)))
-                self.end_headers()
-                self.wfile.write(state.body)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")  # as uvicorn streams
-            self.end_headers()
-            try:
-                for delay, data in state.chunks:
-                    time.sleep(delay)
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
-            except OSError:
-                pass  # the client gave up (the timeout test)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with FakeUpstream({"*": answer}) as upstream:
+        yield state, upstream.url
 
 
 def chunk(delta: dict[str, Any] | None = None, usage: dict[str, Any] | None = None) -> bytes:

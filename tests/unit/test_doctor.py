@@ -41,37 +41,26 @@ REAL_CACHE_LINE = next(
     if line.startswith("vllm:cache_config_info{")
 )
 
-# Stands in for vLLM: started as launch.sh starts it, answers as vLLM 0.32.0 does.
-FAKE_VLLM = r"""
-import http.server, json, os, subprocess
+# Stands in for vLLM: started as launch.sh starts it, answers as vLLM 0.32.0 does (the tests'
+# loopback fake, tests/support/fake_upstream.py, in a process of its own).
+FAKE_VLLM = rf"""
+import json, os, subprocess, sys, threading
+sys.path.insert(0, {str(REPO)!r})
+from tests.support.fake_upstream import FakeUpstream, Reply
 cfg = json.loads(os.environ["FAKE_VLLM"])
 # vLLM retitles its engine process (setproctitle): the doctor lists it as a child.
 subprocess.Popen(["VLLM::EngineCore", "600"], executable="/bin/sleep")
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/metrics":
-            body = cfg["metrics"]
-        elif self.path == "/v1/models":
-            if self.headers.get("Authorization") != "Bearer " + os.environ["VLLM_API_KEY"]:
-                self.send_error(401)
-                return
-            body = json.dumps({"object": "list", "data": [{
-                "id": cfg["model"], "object": "model", "owned_by": "vllm", "root": "/m",
-                "parent": None, "max_model_len": cfg["max_model_len"]}]})
-        else:
-            self.send_error(404)
-            return
-        data = body.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+def models(request):
+    if request.headers.get("authorization") != "Bearer " + os.environ["VLLM_API_KEY"]:
+        return Reply(status=401)
+    body = {{"object": "list", "data": [{{
+        "id": cfg["model"], "object": "model", "owned_by": "vllm", "root": "/m",
+        "parent": None, "max_model_len": cfg["max_model_len"]}}]}}
+    return Reply(json.dumps(body).encode(), content_type="application/json")
 
-    def log_message(self, *args):
-        pass
-
-http.server.HTTPServer(("127.0.0.1", cfg["port"]), Handler).serve_forever()
+FakeUpstream({{"/metrics": Reply(cfg["metrics"].encode()), "/v1/models": models}}, port=cfg["port"])
+threading.Event().wait()
 """
 
 # vLLM 0.32.0 that failed to start (max_model_len over the model's), as pm2 logged it.

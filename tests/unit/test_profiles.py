@@ -33,7 +33,7 @@ def test_all_profiles_and_models_load() -> None:
     ("profile", "stack", "vllm", "torch", "cuda", "flashinfer"),
     [
         # GPU pins: each vLLM wheel's own exact pins (Requires-Dist), PyPI's torch of the
-        # stack's CUDA; `vfleet stacks check` resolves them (tests/unit/test_stacks.py).
+        # stack's CUDA; `vfleet stacks check` resolves them (tests/integration/test_stacks.py).
         ("a100-32g", "vllm-0.27.1", "0.27.1", "2.13.0", "13.0", "0.6.16.post3"),
         ("2x2080ti-22g", "vllm-0.27.1-plugin", "0.27.1", "2.13.0", "13.0", "0.6.16.post3"),
         ("2x2080ti-22g", "vllm-0.24.0", "0.24.0", "2.11.0", "13.0", "0.6.12"),

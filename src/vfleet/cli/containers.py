@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from vfleet.config.defaults import GRAFANA_LISTEN, PROMETHEUS_LISTEN
 from vfleet.engine.compile import Launch
 from vfleet.errors import VfleetError
 from vfleet.render import images
@@ -223,11 +224,9 @@ def add_parsers(
     )
     c.add_argument("--secrets-env", metavar="FILE", help="default: <out>.secrets.env")
     c.add_argument(
-        "--prometheus-listen", default="127.0.0.1:9090", metavar="HOST:PORT", help="Prometheus"
+        "--prometheus-listen", default=PROMETHEUS_LISTEN, metavar="HOST:PORT", help="Prometheus"
     )
-    c.add_argument(
-        "--grafana-listen", default="127.0.0.1:3000", metavar="HOST:PORT", help="Grafana"
-    )
+    c.add_argument("--grafana-listen", default=GRAFANA_LISTEN, metavar="HOST:PORT", help="Grafana")
     c.add_argument(
         "--grafana",
         action="store_true",

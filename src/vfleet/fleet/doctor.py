@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
+from vfleet.config.defaults import BASE_DIR, USER_BASE_DIR
 from vfleet.config.schema import HostVars, ModelArch, Quantization
 from vfleet.engine.planner import weight_bytes
 from vfleet.engine.topology import parse_topology
@@ -134,7 +135,7 @@ def make_deploy(plan: dict[str, Any], change: str = "") -> str:
 
     Variables at the Makefile's defaults are left out; secrets in SET show as <secret>."""
     # The Makefile's BASE_DIR: /opt/vfleet as root, else under the operator's home.
-    base = "/opt/vfleet" if os.geteuid() == 0 else os.path.expanduser("~/.local/share/vfleet")
+    base = BASE_DIR if os.geteuid() == 0 else os.path.expanduser(USER_BASE_DIR)
     words = ["make deploy"]
     for var, value, default in (
         ("HOST", plan["monitoring"]["labels"]["host"], "localhost"),

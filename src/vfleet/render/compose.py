@@ -42,6 +42,7 @@ from pathlib import Path
 
 import yaml
 
+from vfleet.config.defaults import GRAFANA_LISTEN, STOP_MARGIN_S
 from vfleet.config.profiles import list_profiles, load_model, load_profile, profiles_dir
 from vfleet.engine.compile import Launch, resolve
 from vfleet.errors import VfleetError
@@ -70,7 +71,7 @@ MODELS_MOUNT = f"{CONTAINER_HOST.base_dir}/models"
 # What `docker compose up` serves when nothing is set: the CPU reference profile.
 DEFAULT_PROFILE = "cpu"
 DEFAULT_MODEL = "tiny-hybrid-mtp"
-DEFAULT_GRAFANA_LISTEN = "127.0.0.1:3000"
+DEFAULT_GRAFANA_LISTEN = GRAFANA_LISTEN
 # Written into a generated model's folder: which preset it is (a volume is reused).
 MODEL_MARKER = ".vfleet-model"
 GENERATED_HEADER = (
@@ -101,7 +102,9 @@ class ComposeOptions:
 def _split_listen(listen: str, key: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise VfleetError(f"expected HOST:PORT, got {listen!r}", key=key, fix="e.g. 127.0.0.1:9090")
+        raise VfleetError(
+            f"expected HOST:PORT, got {listen!r}", key=key, fix=f"e.g. {DEFAULT_LISTEN}"
+        )
     return host, int(port)
 
 
@@ -218,10 +221,10 @@ def fragment(profile_name: str) -> dict[str, object]:
         if vllm.base_key != "debian-bookworm"
         else debian
     )
-    # vLLM's drain (--shutdown-timeout, the drain rule's default) and 30 s more; a drain set
-    # with SET=shutdown_timeout_s=... longer than that needs stop_grace_period changed too.
+    # vLLM's drain (--shutdown-timeout, the drain rule's default) and STOP_MARGIN_S more; a drain
+    # set with SET=shutdown_timeout_s=... longer than that needs stop_grace_period changed too.
     drain = resolve(DEFAULT_PROFILE, DEFAULT_MODEL).decisions.shutdown_timeout_s
-    stop_grace = drain + 30
+    stop_grace = drain + STOP_MARGIN_S
     start = profile.start_timeout_s
     init: dict[str, object] = {
         "image": sidecar.ref,
@@ -232,7 +235,7 @@ def fragment(profile_name: str) -> dict[str, object]:
     vllm_service: dict[str, object] = {
         "image": vllm.ref,
         "environment": {"VFLEET_START_TIMEOUT_S": str(start)},
-        # vLLM drains in-flight requests for --shutdown-timeout after SIGTERM; 30 s more.
+        # vLLM drains in-flight requests for --shutdown-timeout after SIGTERM; STOP_MARGIN_S more.
         "stop_grace_period": f"{stop_grace}s",
         "healthcheck": {
             # Ready = warm: a real generation works and the warmup ran against this process.

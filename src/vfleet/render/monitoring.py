@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vfleet import __version__
+from vfleet.config.defaults import PROMETHEUS_LISTEN
 from vfleet.config.escape import js_literal
 from vfleet.config.schema import Alerts
 from vfleet.engine.compile import Launch
@@ -26,7 +27,7 @@ VLLM_TARGETS = "targets/vllm.json"
 SIDECAR_TARGETS = "targets/sidecar.json"
 PM2_FILE = "prometheus.config.js"
 PM2_NAME = "vfleet-prometheus"
-DEFAULT_LISTEN = "127.0.0.1:9090"
+DEFAULT_LISTEN = PROMETHEUS_LISTEN
 
 
 # The "decode below baseline" alert fires 20 % under the lowest decode speed the baseline saw:

@@ -21,6 +21,7 @@ import jinja2
 import yaml
 
 from vfleet import __version__
+from vfleet.config.defaults import STOP_MARGIN_S
 from vfleet.config.escape import (
     js_literal,
     one_line,
@@ -115,7 +116,7 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
     current = f"{instance_dir}/current"
     cache = h.cache_dir(inst)
     start_timeout = launch.profile.start_timeout_s
-    stop_timeout = launch.decisions.shutdown_timeout_s + 30
+    stop_timeout = launch.decisions.shutdown_timeout_s + STOP_MARGIN_S
     header = one_line(
         f"# Rendered by vfleet {__version__}: profile {launch.profile.name}, model "
         f"{launch.model.name}, stack {launch.stack_name}. Do not edit: change the profile or "

@@ -3,6 +3,7 @@ the metrics sidecar, draining, restart policy)."""
 
 from __future__ import annotations
 
+from vfleet.config.defaults import SHUTDOWN_TIMEOUT_S
 from vfleet.engine.rules.core import (
     SEED_A100,
     SEED_BOOST,
@@ -85,7 +86,7 @@ def sidecar(c: Ctx) -> None:
     "drain in-flight requests on SIGTERM",
 )
 def drain(c: Ctx) -> None:
-    t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else 30
+    t = c.s.shutdown_timeout_s if c.s.shutdown_timeout_s is not None else SHUTDOWN_TIMEOUT_S
     c.d.shutdown_timeout_s = t
     c.arg(
         "shutdown-timeout",

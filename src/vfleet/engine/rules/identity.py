@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vfleet.config.defaults import DEFAULT_HOST, DEFAULT_PORT
 from vfleet.engine.rules.core import (
     FIELD_NOTES,
     Ctx,
@@ -21,8 +22,8 @@ def model(c: Ctx) -> None:
 
 @rule("listen", "vfleet default", "listen on loopback unless told otherwise")
 def listen(c: Ctx) -> None:
-    host = c.s.host or "127.0.0.1"
-    port = c.s.port or 8000
+    host = c.s.host or DEFAULT_HOST
+    port = c.s.port or DEFAULT_PORT
     c.d.host, c.d.port = host, port
     why = "loopback by default: put nginx or a firewall in front before opening it"
     c.arg("host", host, why if host.startswith("127.") else "operator setting")

@@ -1,18 +1,16 @@
 """`vfleet balancer`: a real nginx (Debian's) on loopback in front of two replicas.
 
-The replicas here are plain HTTP servers on 127.0.0.1 that answer like an OpenAI endpoint
-would (a JSON body) and name themselves; one path answers slowly, to hold a request in flight
-across a drain. They stand in for vLLM because what is tested is nginx's routing under
-vfleet's configuration (drain, admit, retry, graceful reload), not vLLM; the swap behind
-nginx with real vLLM servers is in test_fleet_hosts.py.
+The replicas here are the tests' loopback fake (tests/support/fake_upstream.py) answering like
+an OpenAI endpoint would (a JSON body) and naming themselves; one path answers slowly, to hold a
+request in flight across a drain. They stand in for vLLM because what is tested is nginx's
+routing under vfleet's configuration (drain, admit, retry, graceful reload), not vLLM; the swap
+behind nginx with real vLLM servers is in test_fleet_hosts.py.
 """
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, require_tools
+from tests.support.fake_upstream import FakeUpstream, Reply, Request
 from tests.support.vllm_server import free_port
 from vfleet.fleet import balancer
 
@@ -33,35 +32,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class Replica(http.server.ThreadingHTTPServer):
+class Replica(FakeUpstream):
+    """Answers every request with a JSON body that names it; /slow... after 3 s."""
+
     def __init__(self, name: str) -> None:
         self.name = name
-        super().__init__(("127.0.0.1", free_port()), _Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        body = json.dumps({"replica": name}).encode()
 
+        def answer(request: Request) -> Reply:
+            delay = 3.0 if request.path.startswith("/slow") else 0.0
+            return Reply(body, content_type="application/json", delay=delay)
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: Replica
-
-    def _answer(self) -> None:
-        if self.path.startswith("/slow"):
-            time.sleep(3)
-        body = json.dumps({"replica": self.server.name}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        self._answer()
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._answer()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        super().__init__({"*": answer})
 
 
 def get(url: str, data: bytes | None = None) -> tuple[int, str]:
@@ -77,7 +59,7 @@ def lb(tmp_path: Path, cli) -> Iterator[tuple[Path, str, dict[str, Replica]]]:  
     reps = {"a": Replica("a"), "b": Replica("b")}
     inv = tmp_path / "inv.yml"
     hosts = "".join(
-        f"        {n}: {{ansible_connection: local, vfleet_set: [port={r.server_address[1]}]}}\n"
+        f"        {n}: {{ansible_connection: local, vfleet_set: [port={r.port}]}}\n"
         for n, r in reps.items()
     )
     inv.write_text(f"all:\n  children:\n    pair:\n      hosts:\n{hosts}")
@@ -93,7 +75,7 @@ def lb(tmp_path: Path, cli) -> Iterator[tuple[Path, str, dict[str, Replica]]]:  
     finally:
         cli("balancer", "stop", str(prefix))
         for r in reps.values():
-            r.shutdown()
+            r.close()
 
 
 def spread(url: str, n: int = 20) -> Counter[str]:
@@ -104,7 +86,7 @@ def test_render_is_a_valid_nginx_config_with_both_replicas(lb, cli) -> None:  # 
     prefix, _url, reps = lb
     conf = (prefix / "nginx.conf").read_text()
     for r in reps.values():
-        assert f"server 127.0.0.1:{r.server_address[1]} max_fails=1" in conf
+        assert f"server 127.0.0.1:{r.port} max_fails=1" in conf
     assert "proxy_buffering off;" in conf and "non_idempotent" in conf
     state = json.loads(cli("balancer", "show", str(prefix), "--json").out)
     assert state["served_model_name"] == "tiny-hybrid-mtp"
@@ -131,8 +113,7 @@ def test_drain_sends_new_requests_elsewhere_and_lets_in_flight_ones_finish(lb, c
 
 def test_a_replica_that_goes_away_costs_no_request(lb) -> None:  # type: ignore[no-untyped-def]
     _prefix, url, reps = lb
-    reps["a"].shutdown()
-    reps["a"].server_close()  # connections to a are refused from now on
+    reps["a"].close()  # connections to a are refused from now on
     answers = [get(f"{url}/v1/chat/completions", b"{}") for _ in range(20)]
     assert answers == [(200, "b")] * 20  # POST retried on b (non_idempotent): nothing lost
 

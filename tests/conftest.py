@@ -123,9 +123,6 @@ UNIT_DIR = REPO / "tests" / "unit"
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    # fleet_ci was renamed ci; a branch that still adds fleet_ci gets what it meant.
-    if item.get_closest_marker("fleet_ci") and not item.get_closest_marker("ci"):
-        item.add_marker(pytest.mark.ci)
     if item.path.is_relative_to(UNIT_DIR):
         costly = [m for m in COST_MARKERS if item.get_closest_marker(m)]
         if costly:

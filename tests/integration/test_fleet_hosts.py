@@ -855,6 +855,17 @@ def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -
 # The performance gate's bench runs 4 requests at a time (the cpu profile's max_num_seqs):
 # every swap here stores figures at that shape, so a later swap of the same weights compares.
 PERF_CONCURRENCY = "4"
+# The gate's tolerances for these hosts: measured under a fleet run's load on the shared 2-core
+# machine (tests/data/perfgate-noise-cpu.json "loaded_*", docs/BENCHMARKS.md), where an unchanged
+# release's output tok/s fell by up to 78 % and its TTFT p95 rose by up to 1.31 s between benches.
+# The defaults are for a box that only serves; here the timing figures cannot tell a slower
+# release from the neighbours, and the decision rests on tokens per step (load-free).
+PERF_TOLERANCES = [
+    f"--perf-tolerance={k}={v}"
+    for k, v in json.loads((REPO / "tests/data/perfgate-noise-cpu.json").read_text())[
+        "fleet_load_tolerances"
+    ].items()
+]
 
 
 def swap(fleet: Fleet, *args: str, timeout: int = 1200) -> tuple[int, dict[str, Any], str]:
@@ -862,7 +873,7 @@ def swap(fleet: Fleet, *args: str, timeout: int = 1200) -> tuple[int, dict[str, 
     # host every two seconds leave room for the new server's start (its compile is CPU-bound).
     argv = [VFLEET, "swap", *args, "-i", str(fleet.inventory), "--json", "--interval", "2"]
     proc = subprocess.run(
-        [*argv, "--perf-concurrency", PERF_CONCURRENCY],
+        [*argv, "--perf-concurrency", PERF_CONCURRENCY, *PERF_TOLERANCES],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -1052,10 +1063,13 @@ def _perf_reference(fleet: Fleet, node: Node, current: str) -> str:
     return node.host.run(f"cat {current}/perf.json").stdout
 
 
-# Not fleet_ci for now: in CI on 42f9dca and 35473a3 (two pytest workers on two cores) the
-# slower release was rolled back both times, but the as-fast one failed on TTFT p95 (0.09 ->
-# 1.41 s once; 0.21 -> 0.47 s twice in a row): the gate's TTFT noise there exceeds what its
-# tolerances were measured on. It runs in `make test-fleet` until it passes CI's load.
+# In CI (marked ci). On 42f9dca and 35473a3 it failed there: the slower release was rolled back
+# both times, but the as-fast one failed on TTFT p95 (0.09 -> 1.41 s once; 0.21 -> 0.47 s twice
+# in a row) while the other pytest worker started vLLM servers. Since then a failed bench is
+# measured again (up to 3 benches, 20 s apart) and the swaps here pass the tolerances measured
+# under a fleet run's load (PERF_TOLERANCES); the slower release fails on tokens per step, which
+# load does not move (docs/SWAP.md, docs/BENCHMARKS.md: passed here under load 7-35).
+@pytest.mark.ci
 def test_performance_gate_rolls_back_a_slower_release_and_keeps_an_as_fast_one(
     fleet: Fleet, lb: tuple[Path, str]
 ) -> None:
@@ -1196,9 +1210,10 @@ def best_depth(report: dict[str, Any]) -> str:
     return str(report["winner"]["picks"]["depth"])
 
 
-# Not fleet_ci yet: its one run here, on a machine shared with other fleets (load 10-24 on 2
-# cores), failed on the ranking (the load moved step times 3x between candidates); it must
-# pass on a quiet machine before CI runs it (docs/TUNE.md).
+# Not marked ci: 8 swaps (about 20 min here under load), beyond CI's time. Its runs here failed:
+# first on the ranking (load moved step times 3x: tune now takes the fastest repeat), then at
+# the exhaustive run's rollout, refused by systemd's start limit (3 starts per 900 s on the cpu
+# profile; every candidate is a start): docs/TUNE.md, "Measured: tuner vs exhaustive".
 def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out(
     fleet: Fleet, lb: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -1271,6 +1286,20 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     # The step time per depth, where the sidecar reads it for its recommended depth.
     times = json.loads(node1.host.run("cat /opt/vfleet/instances/main/step-times.json").stdout)
     assert times["kind"] == "vfleet-step-times" and set(times["seconds_per_step"]) == measured
+    # What the sidecar recommends from live acceptance with those step times, once node1 has
+    # served a few requests at the tuned depth (recorded for docs/TUNE.md; not asserted yet:
+    # positions past the running depth are extrapolated, docs/TUNE.md "Recommended depth").
+    for _ in range(5):
+        chat(node1.port)
+    sidecar = next(x.split("=", 1)[1] for x in node1.sets if x.startswith("sidecar_port="))
+    exported = node1.host.run(
+        'python3 -c "import urllib.request as u; '
+        f"print(u.urlopen('http://127.0.0.1:{sidecar}/metrics', timeout=30).read().decode())\""
+    ).stdout
+    advice = re.findall(
+        r"^(vfleet_spec_decode_(?:recommended|running)_depth\S*) (\S+)$", exported, re.M
+    )
+    record("tune_depth_advice", {"winner": depth, "sidecar": advice})
 
 
 @pytest.mark.ci

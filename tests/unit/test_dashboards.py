@@ -64,6 +64,8 @@ SIDECAR_SERIES = {
     "vfleet_vllm_restarts_total", "vfleet_upstream_errors_total", "vfleet_info",
     "vfleet_spec_decode_running_depth", "vfleet_spec_decode_recommended_depth",
     "vfleet_spec_decode_recommended_gain_ratio", "vfleet_spec_decode_expected_tokens_per_second",
+    "vfleet_release_output_tokens_per_second", "vfleet_release_ttft_p95_seconds",
+    "vfleet_release_spec_decode_acceptance_rate", "vfleet_release_tokens_per_step",
 }  # fmt: skip
 STANDARD_UNITS = {"s", "percentunit", "reqps", "short", "none"}
 

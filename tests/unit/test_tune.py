@@ -253,10 +253,12 @@ def test_summary_of_bench_runs_and_the_step_time() -> None:
     ]  # fmt: skip
     m = summarize(runs, 2, 12.34)
     assert isinstance(m, Measurement)
-    assert (m.decode_tps, m.aggregate_tps, m.ttft_p95_s) == (11.0, 19.0, 0.4)
+    # Speeds: the fastest repeat (load only slows one down); counts: the mean.
+    assert (m.decode_tps, m.aggregate_tps, m.ttft_p95_s) == (12.0, 20.0, 0.4)
+    assert m.acceptance_rate == pytest.approx(0.6)
     assert (m.requests, m.failed_requests) == (6, 2)
-    # 3 tokens per engine step over 2 streams at 11 tok/s each: 22 tok/s / 3 = 7.33 steps/s.
-    assert m.step_time_s == pytest.approx(3.0 / 22.0)
+    # 3 tokens per engine step over 2 streams at 12 tok/s each: 24 tok/s / 3 = 8 steps/s.
+    assert m.step_time_s == pytest.approx(3.0 / 24.0)
     assert summarize(runs[2:], 2, 1.0) == "no decode speed measured: timeout"
 
 
@@ -447,3 +449,30 @@ def test_step_times_are_the_winners_neighbours_in_depth_and_land_on_the_host(
     assert (out / "step-times.json").read_text() == (
         base / "instances/main/step-times.json"
     ).read_text()
+
+
+def test_the_bench_sends_the_key_from_the_inventorys_key_file(tmp_path: Path) -> None:
+    """vfleet_api_key_file (how the fleet deploys the key, never a setting): tune's bench reads
+    it there. Seen on the fleet: without it every candidate answered HTTP 401 and failed."""
+    import argparse
+
+    from vfleet.fleet.tune import target
+
+    key = tmp_path / "api.key"
+    key.write_text("sk-tune-test\n")
+    key.chmod(0o600)
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    h1:\n      ansible_connection: local\n"
+        f"      vfleet_set: [port=18123]\n      vfleet_api_key_file: {key}\n"
+    )
+    a = argparse.Namespace(
+        inventory=str(inv), host="h1", instance=None, base_dir=None, profiles_dir=None
+    )
+    t = target(a)
+    assert t.api_key_file == str(key) and t.api_key == "sk-tune-test"
+    assert not any("sk-tune-test" in s for s in t.sets)  # nowhere in what is rendered or logged
+    key.chmod(0o644)  # a key other users can read is refused, naming the file
+    with pytest.raises(VfleetError) as err:
+        _ = t.api_key
+    assert str(key) in str(err.value.where) or str(key) in str(err.value)

@@ -75,7 +75,13 @@ class Tolerances:
     `ttft_slack_s`: 0.5 s, because CI on a loaded machine saw an as-fast release's TTFT p95 rise
     0.21 -> 0.47 s in two benches in a row (and 0.09 -> 1.41 s once, gone at the second).
     The wired test model always accepts its draft, so acceptance showed no noise: 0.10 is a
-    judgement, not a measurement."""
+    judgement, not a measurement.
+
+    These are for a box that only serves. During a fleet run on the same machine (load average
+    up to 35 on 2 cores) an unchanged release's output tok/s fell by up to 78 % and its TTFT
+    p95 rose by up to 1.31 s between benches, while tokens per step moved by 13 % at most: the
+    fleet test passes wider timing tolerances measured there (docs/SWAP.md, "Timing figures
+    under load"), and a failed bench is measured again (perfgate_run._confirmed)."""
 
     output_tps: float = 0.55
     ttft_p95_s: float = 1.00

@@ -189,6 +189,23 @@ def _previous(path: str | None) -> PerfRecord | None:
         ) from None
 
 
+# A failed bench is measured again, up to CONFIRM_BENCHES in all, CONFIRM_PAUSE_S apart; the
+# release fails only if every one failed. Load on a shared machine comes in bursts (another
+# vLLM starting, a pip install): CI on 35473a3 saw an as-fast release's TTFT p95 go 0.21 ->
+# 0.47 s in two benches in a row, so the next one waits for the burst to pass.
+CONFIRM_BENCHES = 3
+CONFIRM_PAUSE_S = 20.0
+# Counts, not times: the machine's load barely moves them (during a fleet run tokens per step
+# of an unchanged release moved by 13 % at most, output tok/s by 78 %: docs/BENCHMARKS.md,
+# "Performance gate noise under a fleet run's load"). Two benches that fail on one of them are
+# enough: a third would only cost a slower release's bench again.
+LOAD_FREE = frozenset({"acceptance_rate", "tokens_per_step"})
+
+
+def _failed_on(v: Verdict) -> set[str]:
+    return {c.figure for c in v.checks if c.result == "worse"}
+
+
 def _confirmed(
     first: Verdict,
     a: argparse.Namespace,
@@ -196,19 +213,39 @@ def _confirmed(
     shape: BenchShape,
     reference: Reference | None,
     tolerances: Tolerances,
+    pause_s: float = CONFIRM_PAUSE_S,
 ) -> Verdict:
-    """A failed bench is measured once more, and the release fails only if that fails too. A
-    busy neighbour for a few seconds (seen in CI: a TTFT p95 of 1.41 s against 0.09 s, every
-    other figure as before) is not a slower release; a slower release fails both benches."""
-    print(f"{first.text()}\nmeasuring once more to confirm", file=sys.stderr)
-    m = measure(url, a.model, shape, api_key=_api_key(a.api_key_env), seed=1)
-    second = decide(reference, m.figures, shape, tolerances, a.speculative)
-    why = (
-        "confirmed by a second bench"
-        if second.state == "fail"
-        else "the first bench failed (" + "; ".join(first.reasons) + "), a second one passed"
-    )
-    return replace(second, reasons=(*second.reasons, why))
+    """A failed bench is measured again (up to CONFIRM_BENCHES benches, CONFIRM_PAUSE_S
+    apart), and the release fails only if every bench failed: a busy neighbour for some
+    seconds (seen in CI: a TTFT p95 of 1.41 s against 0.09 s, every other figure as before)
+    is not a slower release; a slower release fails every bench. Two benches that both fail
+    on a figure load cannot move (tokens per step, acceptance) are enough to fail."""
+    import time
+
+    failures = [first]
+    verdict = first
+    while len(failures) < CONFIRM_BENCHES:
+        if len(failures) >= 2 and _failed_on(failures[-1]) & _failed_on(failures[-2]) & LOAD_FREE:
+            break
+        n = len(failures) + 1
+        print(
+            f"{verdict.text()}\nbench {n} of at most {CONFIRM_BENCHES} in {pause_s:g} s, "
+            "to confirm",
+            file=sys.stderr,
+        )
+        time.sleep(pause_s)
+        m = measure(url, a.model, shape, api_key=_api_key(a.api_key_env), seed=n - 1)
+        verdict = decide(reference, m.figures, shape, tolerances, a.speculative)
+        if verdict.state != "fail":
+            earlier = "; ".join(
+                f"bench {i + 1}: " + ", ".join(sorted(LABELS[f] for f in _failed_on(v)))
+                for i, v in enumerate(failures)
+            )
+            why = f"bench {n} passed; the earlier one(s) failed ({earlier}): load, not the release"
+            return replace(verdict, reasons=(*verdict.reasons, why))
+        failures.append(verdict)
+    why = f"confirmed by {len(failures)} benches in a row"
+    return replace(verdict, reasons=(*verdict.reasons, why))
 
 
 def cmd_check(a: argparse.Namespace) -> int:

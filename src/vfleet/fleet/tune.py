@@ -103,6 +103,7 @@ class Target:
     profiles_dir: str | None
     host_vars: dict[str, Any]
     plan: Plan
+    api_key_file: str | None = None  # vfleet_api_key_file: where the deploy reads the key
 
     def resolve_with(self, extra: Sequence[str]) -> Launch:
         sets = [*self.sets, *extra]
@@ -119,6 +120,12 @@ class Target:
 
     @property
     def api_key(self) -> str | None:
+        """The key the bench sends: the inventory's key file (as the deploy reads it), else an
+        `api_key=` setting (the older way, still honoured)."""
+        if self.api_key_file:
+            from vfleet.config.apikey import read_api_key_file
+
+            return read_api_key_file(self.api_key_file)
         keys = [s.split("=", 1)[1] for s in self.sets if s.startswith("api_key=")]
         return keys[-1] if keys else None
 
@@ -147,6 +154,7 @@ def target(a: argparse.Namespace) -> Target:
     return Target(
         a.host, Path(a.inventory), launch, sets, own_sets, instance, a.base_dir,
         plan.profile, plan.model.name, s["deployment"], s["profiles_dir"], hv, plan,
+        s["api_key_file"],
     )  # fmt: skip
 
 
@@ -288,9 +296,16 @@ def try_candidate(
     started = time.monotonic()
     rid = release_id(render_files(t.resolve_with(c.sets)))
     done = swap(t, c.sets, out_dir / SWAP_LOG, None, 0)
+    if done.rc != 0:
+        # A start can time out on a busy box (seen on the shared test machine: depth 0's start
+        # hit systemd's start limit while other fleets started vLLM, and the climb stopped
+        # walking there). One more try before the candidate counts as failed; the swap has
+        # rolled the host back, so the second try starts from a serving host again.
+        progress.say(f"{c.key}: swap failed ({done.said}); trying once more")
+        done = swap(t, c.sets, out_dir / SWAP_LOG, None, 0)
     result = Result(c.key, dict(c.picks), list(c.sets), "failed", release_id=rid)
     if done.rc != 0:
-        result.why = f"swap failed ({done.said})"
+        result.why = f"swap failed twice ({done.said})"
     else:
         progress.say(f"{c.key}: {done.said}; measuring")
         got = measure(url, t.api_key, bench)

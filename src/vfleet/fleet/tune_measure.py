@@ -151,17 +151,17 @@ def measure(url: str, api_key: str | None, plan: BenchPlan) -> Measurement | str
     """Measure the server at `url` once (a string says why it could not be measured)."""
     from vfleet_healthcheck.vllm_metrics import DEFAULT_VERSION, UnsupportedVersion, families
 
-    from vfleet.cli.bench import _server, _version
     from vfleet.measure.client import BenchError, Client
     from vfleet.measure.prompts import PromptBuilder, vllm_counter
     from vfleet.measure.scenarios import Bench, Metrics, Settings
+    from vfleet.measure.server import served_model, server_version
 
     client = Client(url, timeout=plan.time_limit_s, api_key=api_key)
     try:
-        model, max_model_len = _server(client, None, None)
+        model, max_model_len = served_model(client, None, None)
     except VfleetError as exc:
         return f"the server did not answer: {exc.message}"
-    version = _version(client)
+    version = server_version(client)
     try:
         metrics: Metrics | None = Metrics(url, families(version or DEFAULT_VERSION))
     except UnsupportedVersion:

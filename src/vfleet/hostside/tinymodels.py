@@ -613,7 +613,7 @@ def _base_config_kwargs(arch: Mapping[str, Any], ids: Mapping[str, int]) -> dict
     }
 
 
-def _hybrid_moe(arch: Mapping[str, Any]) -> dict[str, Any]:
+def hybrid_moe(arch: Mapping[str, Any]) -> dict[str, Any]:
     num_experts = int(arch.get("num_experts") or 0)
     hidden = int(arch["hidden_size"])
     return {
@@ -651,7 +651,7 @@ def _make_config(
     kwargs["num_hidden_layers"] = n_layers + extra_layers
     return Qwen3NextConfig(
         **kwargs,
-        **_hybrid_moe(arch),
+        **hybrid_moe(arch),
         layer_types=layer_types,
         linear_num_key_heads=arch["linear_num_key_heads"],
         linear_num_value_heads=arch["linear_num_value_heads"],

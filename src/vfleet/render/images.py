@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import Field
 
 from vfleet import __version__
-from vfleet.checks.stacks import requirements
+from vfleet.config.pins import healthcheck_version, plugin_version, requirements
 from vfleet.config.profiles import load_profile, parse, profiles_dir, read_yaml
 from vfleet.config.schema import (
     DEFAULT_INSTANCE,
@@ -43,7 +43,6 @@ from vfleet.config.schema import (
 )
 from vfleet.errors import VfleetError
 from vfleet.paths import REPO_ROOT
-from vfleet.render.plan import healthcheck_version, plugin_version
 
 IMAGES_DIR = REPO_ROOT / "images"
 STAGE_DIR = REPO_ROOT / "build" / "images"

@@ -13,7 +13,6 @@ them to the dicts captured before the plan was typed.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,9 +22,9 @@ import yaml
 from pydantic import ValidationError
 
 from vfleet import __version__
-from vfleet.checks.stacks import requirements
 from vfleet.config.apikey import KEY as API_KEY_FILE_KEY
 from vfleet.config.apikey import read_api_key_file
+from vfleet.config.pins import healthcheck_version, plugin_version, requirements
 from vfleet.config.profiles import validation_error
 from vfleet.config.schema import Accelerator, HostVars, ModelArch, Stack
 from vfleet.engine.compile import Launch, resolve
@@ -33,7 +32,6 @@ from vfleet.engine.decisions import DraftVocabBuild
 from vfleet.engine.rules import API_KEY_ENV
 from vfleet.errors import VfleetError
 from vfleet.hostside.hostfacts import parse_env
-from vfleet.paths import REPO_ROOT
 from vfleet.render.monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
 from vfleet.render.release import (
     context,
@@ -48,21 +46,6 @@ from vfleet.render.release import (
     template_env,
     unit_name,
 )
-
-
-def _project_version(folder: str) -> str:
-    path = REPO_ROOT / folder / "pyproject.toml"
-    return str(tomllib.loads(path.read_text(encoding="utf-8"))["project"]["version"])
-
-
-def healthcheck_version() -> str:
-    """The probe wheel's version, read from its pyproject.toml (the one place it is set)."""
-    return _project_version("healthcheck")
-
-
-def plugin_version() -> str:
-    """The SM75 plugin wheel's version this checkout builds (plugin/pyproject.toml)."""
-    return _project_version("plugin")
 
 
 def logrotate(launch: Launch) -> str:

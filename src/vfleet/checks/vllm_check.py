@@ -32,6 +32,7 @@ from vfleet.config.schema import HardwareProfile, ModelPreset, Stack
 from vfleet.engine.compile import Launch
 from vfleet.engine.versions import v
 from vfleet.errors import VfleetError
+from vfleet.hostside.tinymodels import hybrid_moe
 from vfleet.paths import REPO_ROOT, hostside_script
 from vfleet.render.release import render_files
 
@@ -262,7 +263,6 @@ def _plugin_dist(tmp: Path) -> list[str]:
 
 def model_config_json(preset: ModelPreset) -> dict[str, Any]:
     """A config.json with the preset's architecture, as its checkpoint declares it."""
-    from vfleet.hostside.tinymodels import hybrid_moe
 
     a = preset.arch
     text: dict[str, Any] = {

@@ -13,10 +13,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vfleet.errors import VfleetError
-from vfleet.fleet.targets import HostTarget
+from vfleet.fleet.status import base_url
+from vfleet.fleet.targets import HostTarget, resolve
 from vfleet.measure import report
+from vfleet.measure.baseline import baseline_from, save
 from vfleet.measure.client import Client
+from vfleet.measure.prompts import PromptBuilder, vllm_counter
+from vfleet.measure.scenarios import Bench, Metrics, Settings
 from vfleet.measure.server import Unreachable, served_model, server_version
+from vfleet.measure.stats import compare
 from vfleet.paths import DEFAULT_INVENTORY
 
 SCENARIO_NAMES = ("context", "decode", "prefill", "concurrency")
@@ -338,7 +343,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def cmd_run(a: argparse.Namespace) -> int:
     if a.host is None:
         return _run(a, None)
-    from vfleet.fleet.targets import resolve  # Ansible's inventory, only when asked for
 
     doctor_args = argparse.Namespace(
         host=a.host,
@@ -374,15 +378,12 @@ def _run(a: argparse.Namespace, target: HostTarget | None) -> int:
             table_version,
         )
 
-        from vfleet.measure.scenarios import Bench, Metrics, Settings
     except ImportError as exc:
         raise VfleetError(
             f"needs the vfleet-healthcheck package: {exc}",
             where="vfleet bench",
             fix="pip install -e ./healthcheck (`make venv` does)",
         ) from None
-    from vfleet.fleet.status import base_url
-    from vfleet.measure.prompts import PromptBuilder, vllm_counter
 
     try:
         url = target.url if target else base_url(a.url)
@@ -494,8 +495,6 @@ def _run(a: argparse.Namespace, target: HostTarget | None) -> int:
             print(f"no plots: {exc} (pip install matplotlib)", file=sys.stderr)
     print(json.dumps(doc, indent=2) if a.json else text, end="" if not a.json else "\n")
     if a.save_baseline:
-        from vfleet.measure.baseline import baseline_from, save
-
         save(baseline_from(doc), a.save_baseline)
         written.append(a.save_baseline)
     print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
@@ -505,7 +504,6 @@ def _run(a: argparse.Namespace, target: HostTarget | None) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from vfleet.measure.stats import compare
 
     docs = []
     for path in (a.a, a.b):

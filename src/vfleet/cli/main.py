@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from vfleet import __version__
 from vfleet.checks.stacks import add_parser as add_stacks_parser
+from vfleet.checks.vllm_check import check_launch, check_launch_engine
 from vfleet.cli.bench import add_parser as add_bench_parser
 from vfleet.cli.containers import add_parsers as add_container_parsers
 from vfleet.config.apikey import refuse_key_in_sets
@@ -30,8 +31,9 @@ from vfleet.config.profiles import (
     profiles_dir,
     validation_error,
 )
-from vfleet.config.schema import HostVars
+from vfleet.config.schema import HostVars, ModelPreset, ModelSource
 from vfleet.engine.compile import Launch, resolve
+from vfleet.engine.planner import alternatives, arch_from_config, plan_launch
 from vfleet.engine.rules import RULES
 from vfleet.errors import VfleetError
 from vfleet.fleet.balancer import add_parser as add_balancer_parser
@@ -41,7 +43,10 @@ from vfleet.fleet.releases import add_parser as add_releases_parser
 from vfleet.fleet.status import add_parser as add_status_parser
 from vfleet.fleet.swap import add_parser as add_swap_parser
 from vfleet.fleet.tune import add_parser as add_tune_parser
+from vfleet.hostside.tinymodels import TinyModelError, parse_draft_acceptance
 from vfleet.paths import DASHBOARDS_DIR, hostside_script
+from vfleet.render.monitoring import committed_rules_path, prometheus_files, scrape_target
+from vfleet.render.promrules import rules_yaml
 from vfleet.render.release import release_id, render_files, write_atomic
 
 EPILOG = """\
@@ -222,8 +227,6 @@ def _fmt_bytes(n: int) -> str:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from vfleet.config.schema import ModelPreset, ModelSource
-    from vfleet.engine.planner import alternatives, arch_from_config, plan_launch
 
     root = Path(a.profiles_dir) if a.profiles_dir else None
     preset = None
@@ -390,7 +393,6 @@ def _has_torch(python: str) -> bool:
 
 
 def _check_draft_acceptance(a: argparse.Namespace, generator: str) -> None:
-    from vfleet.hostside.tinymodels import TinyModelError, parse_draft_acceptance
 
     if generator != "tiny-hybrid-mtp" or a.unwired:
         raise VfleetError(
@@ -457,8 +459,6 @@ def cmd_model_make(a: argparse.Namespace) -> int:
 def cmd_check_args(a: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from vfleet.checks.vllm_check import check_launch, check_launch_engine
-
     launch = _launch(a)
     if a.syntax_only:
         result = check_launch(launch, python=a.python)
@@ -485,8 +485,6 @@ def cmd_check_args(a: argparse.Namespace) -> int:
 
 
 def cmd_prometheus_rules(a: argparse.Namespace) -> int:
-    from vfleet.render.monitoring import committed_rules_path
-    from vfleet.render.promrules import rules_yaml
 
     path = Path(a.path) if a.path else committed_rules_path()
     text = rules_yaml()
@@ -511,8 +509,6 @@ def cmd_prometheus_rules(a: argparse.Namespace) -> int:
 
 
 def cmd_prometheus_render(a: argparse.Namespace) -> int:
-    from vfleet.render.monitoring import prometheus_files, scrape_target
-    from vfleet.render.release import write_atomic
 
     launch = _launch(a)
     target = dict(scrape_target(launch), address="127.0.0.1")

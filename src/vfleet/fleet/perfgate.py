@@ -24,7 +24,12 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from vfleet.config.profiles import find_baseline
 from vfleet.errors import VfleetError
+from vfleet.measure.client import BenchError, Client, StreamResult
+from vfleet.measure.prompts import PromptBuilder, vllm_counter
+from vfleet.measure.scenarios import Metrics, Run
+from vfleet.measure.stats import percentile
 
 _IMPORT_ERROR: ImportError | None = None
 try:  # the perf.json format, shared with the sidecar; `make venv` installs it
@@ -308,7 +313,6 @@ def reference_for(
 
     Another model's speed says nothing about this one's, so a model swap compares with the
     baseline."""
-    from vfleet.config.profiles import find_baseline
 
     if previous is not None and previous.model == weights:
         return reference_from_record(previous)
@@ -356,11 +360,6 @@ def measure(
     import time
 
     from vfleet_healthcheck.vllm_metrics import DEFAULT_VERSION, UnsupportedVersion, families
-
-    from vfleet.measure.client import BenchError, Client, StreamResult
-    from vfleet.measure.prompts import PromptBuilder, vllm_counter
-    from vfleet.measure.scenarios import Metrics, Run
-    from vfleet.measure.stats import percentile
 
     client = Client(url, timeout=timeout_s, api_key=api_key)
     warnings: list[str] = []

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from vfleet.errors import VfleetError
+from vfleet.fleet.inventory import host_vars
 from vfleet.fleet.perfgate import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_TOKENS,
@@ -34,6 +35,9 @@ from vfleet.fleet.perfgate import (
     reference_for,
     require,
 )
+from vfleet.fleet.status import base_url
+from vfleet.fleet.targets import Listen, endpoint
+from vfleet.paths import DEFAULT_INVENTORY
 
 if TYPE_CHECKING:
     from vfleet_healthcheck.perf_record import BenchShape, PerfFigures, PerfRecord
@@ -143,7 +147,6 @@ def parse_tolerances(items: list[str]) -> Tolerances:
 
 
 def _url(text: str) -> str:
-    from vfleet.fleet.status import base_url
 
     try:
         return base_url(text)
@@ -254,9 +257,6 @@ def cmd_check(a: argparse.Namespace) -> int:
     previous = _previous(a.previous)
     url, tunnel = _url(a.url), None
     if a.host:
-        from vfleet.fleet.inventory import host_vars
-        from vfleet.fleet.targets import Listen, endpoint
-
         parts = urlsplit(url)
         where = Listen(url, parts.hostname, parts.port)
         url, tunnel, _how = endpoint(a.host, host_vars(a.inventory, a.host), where)
@@ -367,7 +367,6 @@ def _worst_change(name: str, values: list[float]) -> float | None:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vfleet.paths import DEFAULT_INVENTORY
 
     p = sub.add_parser(
         "perf-gate",

@@ -25,8 +25,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vfleet.config.apikey import read_api_key_file
+from vfleet.config.schema import STEP_TIMES_FILE, HostVars
 from vfleet.engine.compile import Launch, resolve
 from vfleet.errors import VfleetError
+from vfleet.fleet.balancer import load as load_balancer
+from vfleet.fleet.balancer import set_down
+from vfleet.fleet.inventory import (
+    become,
+    host_namespace,
+    host_plan,
+    host_settings,
+    host_vars,
+    inventory_arg,
+    literal,
+    ssh_argv,
+)
+from vfleet.fleet.targets import endpoint
 from vfleet.fleet.tune_measure import (
     OBJECTIVES,
     BenchPlan,
@@ -50,12 +65,14 @@ from vfleet.fleet.tune_space import (
     Candidate,
     all_candidates,
     build_space,
+    candidate,
     infeasible,
     next_candidate,
     parse_depths,
 )
 from vfleet.fleet.tune_state import Identity, Result, State, load, save
 from vfleet.render.plan import Plan
+from vfleet.render.release import release_id, render_files
 
 STATE_FILE = "state.json"
 SWAP_LOG = "swaps.log"
@@ -123,21 +140,16 @@ class Target:
         """The key the bench sends: the inventory's key file (as the deploy reads it), else an
         `api_key=` setting (the older way, still honoured)."""
         if self.api_key_file:
-            from vfleet.config.apikey import read_api_key_file
-
             return read_api_key_file(self.api_key_file)
         keys = [s.split("=", 1)[1] for s in self.sets if s.startswith("api_key=")]
         return keys[-1] if keys else None
 
 
 def target(a: argparse.Namespace) -> Target:
-    from vfleet.config.schema import HostVars
-    from vfleet.fleet.inventory import host_namespace, host_plan, host_vars, literal
-    from vfleet.fleet.inventory import host_settings as _settings
 
     hv = host_vars(a.inventory, a.host)
     ns = host_namespace(a.inventory, a.host, None, a.instance, a.base_dir)
-    s = _settings(ns, hv)
+    s = host_settings(ns, hv)
     plan, _ = host_plan(ns, hv)
     own = literal(hv, "vfleet_set", a.host) or []
     own_sets = shlex.split(own) if isinstance(own, str) else [str(x) for x in own]
@@ -291,7 +303,6 @@ def try_candidate(
     out_dir: Path,
     progress: Progress,
 ) -> Result:
-    from vfleet.render.release import release_id, render_files
 
     started = time.monotonic()
     rid = release_id(render_files(t.resolve_with(c.sets)))
@@ -321,7 +332,6 @@ def try_candidate(
 
 
 def cmd_tune(a: argparse.Namespace) -> int:
-    from vfleet.fleet.targets import endpoint
 
     objective = objective_from(a.objective, a.concurrency, a.ttft_slo)
     for value, option in ((a.budget, "--budget"), (a.repeats, "--repeats"),
@@ -352,24 +362,21 @@ def cmd_tune(a: argparse.Namespace) -> int:
             key="--sweep",
             fix="name dimensions that apply to the host's profile and model",
         )
-    if balancer is not None:
-        from vfleet.fleet.balancer import load as load_balancer
-
-        if a.host not in {r["host"] for r in load_balancer(balancer)["replicas"]}:
-            raise VfleetError(
-                f"{a.host} is not a replica of this balancer",
-                where=str(balancer / "balancer.json"),
-                key="--balancer",
-                fix="pass the balancer in front of this host, or none",
-            )
+    if balancer is not None and a.host not in {
+        r["host"] for r in load_balancer(balancer)["replicas"]
+    }:
+        raise VfleetError(
+            f"{a.host} is not a replica of this balancer",
+            where=str(balancer / "balancer.json"),
+            key="--balancer",
+            fix="pass the balancer in front of this host, or none",
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     state.runs += 1
     url, tunnel, _how = endpoint(a.host, t.host_vars, t.plan.service)
     stopped: str | None = None
     try:
         if balancer is not None:
-            from vfleet.fleet.balancer import set_down
-
             set_down(balancer, a.host, True)
             print(f"tune: {a.host} drained in {balancer}", file=sys.stderr)
         else:
@@ -485,8 +492,6 @@ def dry_run(
     """The space, and for a grid every candidate's verdict; nothing is deployed."""
     import itertools
 
-    from vfleet.fleet.tune_space import candidate
-
     print(f"{a.host}: profile {t.profile}, model {t.model}, instance {t.launch.instance}")
     for d in dims:
         labels = ", ".join(
@@ -510,7 +515,6 @@ def dry_run(
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vfleet.fleet.inventory import inventory_arg
 
     p = sub.add_parser(
         "tune",
@@ -593,8 +597,6 @@ def write_step_times(
     recommended depth. None when no depth was measured beside the winner."""
     from vfleet_healthcheck.depth import StepTimes, save_step_times
 
-    from vfleet.config.schema import STEP_TIMES_FILE
-
     times = step_times(state, winner)
     if not times:
         return None
@@ -617,7 +619,6 @@ def write_step_times(
 def put_file(t: Target, path: str, text: str) -> str | None:
     """Write `text` to `path` on the host (over ssh as the deploy reaches it, or locally),
     replaced whole; why it could not be, or None."""
-    from vfleet.fleet.inventory import become, literal, ssh_argv
 
     folder = path.rsplit("/", 1)[0]
     script = (

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vfleet.errors import VfleetError
+from vfleet.measure.client import BenchError, Client
+from vfleet.measure.prompts import PromptBuilder, vllm_counter
+from vfleet.measure.scenarios import Bench, Metrics, Run, Settings
+from vfleet.measure.server import served_model, server_version
 
 ObjectiveKind = Literal["decode", "throughput"]
 OBJECTIVES: tuple[ObjectiveKind, ...] = ("decode", "throughput")
@@ -124,7 +128,6 @@ def summarize(runs: Sequence[object], concurrency: int, bench_s: float) -> Measu
     step time of one depth 3x between candidates measured minutes apart (docs/TUNE.md) and
     decided the ranking; the counts (tokens per step, acceptance) are not timed and stay means.
     """
-    from vfleet.measure.scenarios import Run
 
     ok = [r for r in runs if isinstance(r, Run) and r.error is None]
     failed = sum(r.concurrency for r in runs if isinstance(r, Run) and r.error is not None)
@@ -150,11 +153,6 @@ def summarize(runs: Sequence[object], concurrency: int, bench_s: float) -> Measu
 def measure(url: str, api_key: str | None, plan: BenchPlan) -> Measurement | str:
     """Measure the server at `url` once (a string says why it could not be measured)."""
     from vfleet_healthcheck.vllm_metrics import DEFAULT_VERSION, UnsupportedVersion, families
-
-    from vfleet.measure.client import BenchError, Client
-    from vfleet.measure.prompts import PromptBuilder, vllm_counter
-    from vfleet.measure.scenarios import Bench, Metrics, Settings
-    from vfleet.measure.server import served_model, server_version
 
     client = Client(url, timeout=plan.time_limit_s, api_key=api_key)
     try:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vfleet.engine.compile import Launch
+from vfleet.engine.planner import plan_launch
 from vfleet.errors import VfleetError
 
 DEPTHS = (0, 1, 2, 3, 4)
@@ -309,7 +310,6 @@ def all_candidates(dims: Sequence[Dimension]) -> int:
 def infeasible(resolve_with: Callable[[Sequence[str]], Launch], c: Candidate) -> str | None:
     """Why the candidate cannot be deployed (the rules refuse it, or the plan does not fit);
     None when it may be. `resolve_with(sets)` resolves the host's launch with more settings."""
-    from vfleet.engine.planner import plan_launch
 
     try:
         launch = resolve_with(c.sets)

@@ -50,7 +50,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,9 @@ class LaneConfig:
     # The SM75 plugin's draft-prune on, with a draft vocabulary built here for the model
     # (vfleet-sm75 vocab build over the plugin's default corpus, K as rule `plugin` takes it).
     draft_prune: bool = False
+    # Build that vocabulary over the plugin's default corpus plus the greedy replies of the
+    # configurations run before this one (the model's own text: a table that covers it).
+    vocab_from_replies: bool = False
 
 
 ROLES = ("first-request", "probe", "greedy", "sidecar", "bench", "sleep", "restart", "decode")
@@ -141,7 +144,7 @@ MATRIX: tuple[LaneConfig, ...] = (
     LaneConfig(
         "plugin-off",
         (),
-        ("greedy", "decode"),
+        ("first-request", "greedy", "decode"),
         "main, the SM75 plugin installed but not asked for (VFLEET_SM75 unset): the baseline",
         debug_log=False,
     ),
@@ -152,6 +155,17 @@ MATRIX: tuple[LaneConfig, ...] = (
         "main with the plugin's draft-prune: MTP drafts from the K most frequent tokens",
         debug_log=False,
         draft_prune=True,
+    ),
+    LaneConfig(
+        "plugin-on-covered",
+        ("extra_env.VFLEET_SM75=draft-prune",),
+        ("greedy", "decode"),
+        "plugin-on with a table built over the default corpus plus the model's own greedy "
+        "replies from the configurations before it (run after plugin-off): the default corpus "
+        "misses 7 of the tiny model's 10 reply tokens",
+        debug_log=False,
+        draft_prune=True,
+        vocab_from_replies=True,
     ),
 )
 
@@ -798,19 +812,39 @@ def run_bench(host: Host, out: Path) -> dict[str, Any]:
     return result
 
 
-def draft_vocab_sets(host: Host) -> tuple[list[str], dict[str, Any]]:
+DEFAULT_DRAFT_CORPUS = REPO / "plugin" / "src" / "vfleet_sm75" / "data" / "draft-corpus.txt"
+
+
+def replies_corpus(records: Sequence[dict[str, Any]]) -> str:
+    """The greedy replies (reasoning and content) of earlier configurations, one per line: the
+    model's own text, for a draft table that covers what it answers."""
+    lines: list[str] = []
+    for rec in records:
+        for reply in rec.get("greedy", {}).get("replies", []):
+            if reply.get("ok"):
+                lines += [t for t in (reply.get("reasoning"), reply.get("content")) if t]
+    return "\n".join(line.replace("\n", " ").strip() for line in lines) + ("\n" if lines else "")
+
+
+def draft_vocab_sets(host: Host, replies: str | None = None) -> tuple[list[str], dict[str, Any]]:
     """Build the draft vocabulary for the model (once) and the settings that point the plugin
-    at it; K is what rule `plugin` takes for a table built on the host."""
+    at it; K is what rule `plugin` takes for a table built on the host. With `replies`, the
+    table is built over the default corpus plus that text (a separate table file)."""
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.config.profiles import load_model
     from vfleet.engine.rules import DRAFT_VOCAB_TOP
 
     vocab = load_model(host.model).arch.vocab_size
     top = min(DRAFT_VOCAB_TOP, vocab // 2)
-    table = host.base / "build" / f"{host.model}.draft-vocab.json"
+    suffix = "-covered" if replies is not None else ""
+    table = host.base / "build" / f"{host.model}.draft-vocab{suffix}.json"
     table.parent.mkdir(parents=True, exist_ok=True)
     cmd = [host.python, "-m", "vfleet_sm75.cli", "vocab", "build", "--tokenizer"]
     cmd += [str(host.model_dir), "--top", str(top), "--out", str(table), "--tp", "1"]
+    if replies is not None:
+        corpus = host.base / "build" / f"{host.model}.replies.txt"
+        corpus.write_text(replies, encoding="utf-8")
+        cmd += ["--corpus", str(DEFAULT_DRAFT_CORPUS), str(corpus)]
     res = subprocess.run(
         cmd, capture_output=True, text=True, env=host.env(), timeout=300, check=False
     )
@@ -820,10 +854,25 @@ def draft_vocab_sets(host: Host) -> tuple[list[str], dict[str, Any]]:
     return sets, info
 
 
-def serve_one(host: Host, cfg: LaneConfig, logdir: Path, timeout: float) -> dict[str, Any]:
+def serve_one(
+    host: Host,
+    cfg: LaneConfig,
+    logdir: Path,
+    timeout: float,
+    earlier: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
     extra: list[str] = []
     vocab_info: dict[str, Any] | None = None
-    if cfg.draft_prune:
+    if cfg.vocab_from_replies:
+        replies = replies_corpus(earlier)
+        if not replies:
+            return {
+                "name": cfg.name,
+                "error": "no greedy replies from an earlier configuration to build the table "
+                "from: run it after plugin-off (--only plugin-off,plugin-on-covered)",
+            }
+        extra, vocab_info = draft_vocab_sets(host, replies)
+    elif cfg.draft_prune:
         extra, vocab_info = draft_vocab_sets(host)
     rel = render(host, cfg, extra)
     log = logdir / f"{cfg.name}.log"
@@ -918,6 +967,17 @@ def greedy_identity(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def greedy_pairs(records: Sequence[dict[str, Any]]) -> dict[str, bool]:
+    """Configurations that must answer alike, when both ran: plugin-on against plugin-off."""
+    by = {r["name"]: r for r in records if "greedy" in r}
+    out: dict[str, bool] = {}
+    for a, b in (("plugin-on", "plugin-off"), ("plugin-on-covered", "plugin-off")):
+        if a in by and b in by:
+            ta, tb = (greedy_texts(by[n]["greedy"]) for n in (a, b))
+            out[f"{a} = {b}"] = all(x.get("ok") for x in by[a]["greedy"]["replies"]) and ta == tb
+    return out
+
+
 def machine_facts(python: str, env: dict[str, str]) -> dict[str, Any]:
     code = (
         "import json,torch,platform;p=torch.cuda.get_device_properties(0);"
@@ -961,7 +1021,8 @@ def summary_md(result: dict[str, Any]) -> str:
             f"{'-' if acc is None else f'{acc:.3f}'} | {'-' if mal is None else f'{mal:.2f}'} | "
             f"{r.get('error', '')} |"
         )
-    lines += ["", f"greedy identical to MTP off: {json.dumps(result['greedy_identity'])}", ""]
+    lines += ["", f"greedy identical to MTP off: {json.dumps(result['greedy_identity'])}"]
+    lines += [f"greedy pairs: {json.dumps(result.get('greedy_pairs', {}))}", ""]
     for r in result["configs"]:
         if "decode" in r:
             lines.append(f"decode {r['name']}: median {r['decode']['median_tokens_per_s']} tok/s")
@@ -972,9 +1033,8 @@ def summary_md(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cmd_run(a: argparse.Namespace) -> int:
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+def make_host(a: argparse.Namespace) -> Host:
+    """The Host of `run` / `caches`; builds the generated model if it is not there yet."""
     base = Path(a.base_dir).expanduser()
     nvcc = shutil.which("nvcc")
     cuda_home = a.cuda_home or (
@@ -1013,23 +1073,31 @@ def cmd_run(a: argparse.Namespace) -> int:
             check=True,
             env=host.env(),
         )
-    # `timeout` or Ctrl-C: unwind, so that the server's process group is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
-    base.mkdir(parents=True, exist_ok=True)
-    if stop_leftover(base / "lane.pid"):
-        print("stopped a server an interrupted run left behind", flush=True)
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.engine.compile import resolve
 
     stack = resolve(a.profile, a.model, sets=list(BASE_SETS)).stack
     prepare_host(host, f"{stack.vllm_package}-{stack.vllm}")
+    return host
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    host = make_host(a)
+    base = host.base
+    # `timeout` or Ctrl-C: unwind, so that the server's process group is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    base.mkdir(parents=True, exist_ok=True)
+    if stop_leftover(base / "lane.pid"):
+        print("stopped a server an interrupted run left behind", flush=True)
     logdir = out / "logs"
     logdir.mkdir(exist_ok=True)
     result: dict[str, Any] = {
         "profile": a.profile,
         "model": a.model,
         "machine": machine_facts(a.python, host.env()),
-        "cuda_home": cuda_home,
+        "cuda_home": host.cuda_home,
         "configs": [],
     }
     t_all = time.monotonic()
@@ -1038,7 +1106,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             result["configs"].append({"name": cfg.name, "error": "skipped: --budget-s spent"})
             continue
         print(f"== {cfg.name}: {' '.join(cfg.sets) or 'defaults'}", flush=True)
-        rec = serve_one(host, cfg, logdir, a.start_timeout)
+        rec = serve_one(host, cfg, logdir, a.start_timeout, result["configs"])
         result["configs"].append(rec)
         t = rec.get("log_terms", {})
         spec = rec.get("greedy", {}).get("spec", {})
@@ -1051,6 +1119,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         if rec.get("interrupted"):
             break
     result["greedy_identity"] = greedy_identity(result["configs"])
+    result["greedy_pairs"] = greedy_pairs(result["configs"])
     result["seconds"] = round(time.monotonic() - t_all, 1)
     (out / "lane.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     (out / "lane.md").write_text(summary_md(result), encoding="utf-8")
@@ -1058,6 +1127,261 @@ def cmd_run(a: argparse.Namespace) -> int:
         tar.add(logdir, arcname="logs")
     shutil.rmtree(logdir)
     print(summary_md(result))
+    return 0
+
+
+# --------------------------------------------------------------------------- caches
+
+# What a restart can reuse, by name: the folders the render points the caches at (vllm.env:
+# VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, PYTHONPYCACHEPREFIX) and the
+# instance's own HOME (launch.sh sets it): FlashInfer JIT-compiles into ~/.cache/flashinfer,
+# and whatever else a library keeps under ~ (CUDA's compute cache) lands there too.
+# Paths are relative to the vfleet base folder.
+CACHES: dict[str, tuple[str, ...]] = {
+    "compile": ("cache/main/vllm", "cache/main/torchinductor"),
+    "triton": ("cache/main/triton",),
+    "home": ("instances/main/home",),
+    "bytecode": ("cache/main/pycache",),
+}
+
+
+@dataclass(frozen=True)
+class CacheVariant:
+    """One start of the same release with some of its caches taken away first."""
+
+    name: str
+    removes: tuple[str, ...]  # keys of CACHES
+    why: str
+    # run the rendered warmup set (vfleet-probe --warmup) between /health and the first request
+    warmup: bool = False
+    # start from a fresh base folder with a tar of this base folder's caches unpacked into it
+    carried: bool = False
+
+
+CACHE_VARIANTS: tuple[CacheVariant, ...] = (
+    CacheVariant("warm", (), "every cache of the earlier starts kept: the reference restart"),
+    CacheVariant("no-compile", ("compile",), "without vLLM's torch.compile/AOT + inductor cache"),
+    CacheVariant("no-triton", ("triton",), "without the Triton kernel cache"),
+    CacheVariant("no-home", ("home",), "without the instance HOME: FlashInfer JIT (+ CUDA's)"),
+    CacheVariant("no-bytecode", ("bytecode",), "without the Python bytecode cache"),
+    CacheVariant("cold", tuple(CACHES), "no cache at all: a fresh host's first start"),
+    CacheVariant(
+        "cold-warmup",
+        tuple(CACHES),
+        "no cache at all, then the rendered warmup set before the first request",
+        warmup=True,
+    ),
+    CacheVariant(
+        "carried",
+        (),
+        "a fresh base folder (another path) with the caches of this one carried in as a tar",
+        carried=True,
+    ),
+)
+
+
+def select_variants(names: str | None) -> list[CacheVariant]:
+    if not names:
+        return list(CACHE_VARIANTS)
+    by = {v.name: v for v in CACHE_VARIANTS}
+    unknown = [n for n in names.split(",") if n not in by]
+    if unknown:
+        raise SystemExit(f"error: --variants: unknown variant(s) {unknown}; known: {list(by)}")
+    return [by[n] for n in names.split(",")]
+
+
+def cache_paths(base: Path, keys: Sequence[str]) -> list[Path]:
+    return [base / rel for key in keys for rel in CACHES[key]]
+
+
+def move_aside(base: Path, keys: Sequence[str], aside: Path) -> list[tuple[Path, Path]]:
+    """Rename the caches named by `keys` into `aside` (same file system: instant); returns
+    (original, aside) pairs for restore()."""
+    moved: list[tuple[Path, Path]] = []
+    for path in cache_paths(base, keys):
+        if not path.exists():
+            continue
+        dest = aside / path.relative_to(base)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            shutil.rmtree(dest)
+        path.rename(dest)
+        moved.append((path, dest))
+    return moved
+
+
+def restore(moved: Sequence[tuple[Path, Path]]) -> None:
+    """Drop what a start rebuilt in place of the moved caches and put the originals back, so
+    each variant starts from the same caches."""
+    for original, aside in moved:
+        if original.exists():
+            shutil.rmtree(original)
+        original.parent.mkdir(parents=True, exist_ok=True)
+        aside.rename(original)
+
+
+def pack_caches(base: Path, tar_path: Path) -> dict[str, Any]:
+    """Tar every cache of `base` (paths relative to it), as a deploy would carry them."""
+    t0 = time.monotonic()
+    with tarfile.open(tar_path, "w") as tar:
+        for path in cache_paths(base, list(CACHES)):
+            if path.exists():
+                tar.add(path, arcname=str(path.relative_to(base)))
+    mib = round(tar_path.stat().st_size / (1 << 20), 1)
+    return {"seconds": round(time.monotonic() - t0, 2), "mib": mib}
+
+
+def unpack_caches(tar_path: Path, base: Path) -> float:
+    t0 = time.monotonic()
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(base, filter="tar")
+    return round(time.monotonic() - t0, 2)
+
+
+def cache_sizes(base: Path) -> dict[str, float]:
+    """MiB per cache folder and per entry of the instance HOME (what a library put there)."""
+    out = {str(p.relative_to(base)): dir_mib(p) for p in cache_paths(base, list(CACHES))}
+    home = base / "instances/main/home"
+    for sub in sorted(home.glob(".*/*")) + sorted(home.glob("[!.]*")):
+        out[str(sub.relative_to(base))] = dir_mib(sub)
+    return out
+
+
+def start_and_first_request(
+    host: Host, cfg: LaneConfig, name: str, logdir: Path, timeout: float, warmup: bool
+) -> dict[str, Any]:
+    """Render `cfg`, start it, time /health, (the warmup set), the first and second request."""
+    rel = render(host, cfg)
+    log = logdir / f"{name}.log"
+    rec: dict[str, Any] = {"variant": name}
+    if not port_free(PORT):
+        rec["error"] = f"port {PORT} is busy before the start"
+        return rec
+    pidfile = host.base / "lane.pid"
+    t0 = time.monotonic()
+    proc = start(rel, log, False, pidfile)
+    try:
+        rec["ready_s"] = ready = wait_ready(proc, timeout)
+        if ready is None:
+            rec["error"] = f"not ready (exit code {proc.poll()})"
+            return rec
+        if warmup:
+            rec["warmup"] = run_probe(host, rel)
+        rec["first_request"] = chat(host.model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
+        rec["second_request"] = chat(host.model, "[second] " + GREEDY_PROMPTS[0] * 20, 64, True)
+        rec["to_first_token_s"] = round(time.monotonic() - t0, 2)
+    except (SystemExit, KeyboardInterrupt):
+        rec["error"] = "interrupted"
+        rec["interrupted"] = True
+    finally:
+        stop(proc)
+        pidfile.unlink(missing_ok=True)
+        terms = parse_log(log.read_text(encoding="utf-8", errors="replace"))
+        rec["init_engine_s"], rec["compile_s"] = terms.init_engine_s, terms.compile_s
+        rec["errors"] = terms.errors
+    return rec
+
+
+def run_cache_variant(
+    host: Host, cfg: LaneConfig, v: CacheVariant, logdir: Path, timeout: float
+) -> dict[str, Any]:
+    aside = host.base.parent / (host.base.name + "-aside")
+    if not v.carried:
+        moved = move_aside(host.base, v.removes, aside)
+        try:
+            rec = start_and_first_request(host, cfg, v.name, logdir, timeout, v.warmup)
+            rec["rebuilt_mib"] = cache_sizes(host.base)
+        finally:
+            restore(moved)
+        rec["removed"] = [str(o.relative_to(host.base)) for o, _ in moved]
+        return rec
+    fresh = host.base.parent / (host.base.name + "-carried")
+    if fresh.exists():
+        shutil.rmtree(fresh)
+    fresh.mkdir(parents=True)
+    tar_path = host.base.parent / (host.base.name + "-caches.tar")
+    packed = pack_caches(host.base, tar_path)
+    unpacked_s = unpack_caches(tar_path, fresh)
+    carried = replace(host, base=fresh)
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.engine.compile import resolve
+
+    stack = resolve(host.profile, host.model, sets=list(BASE_SETS)).stack
+    prepare_host(carried, f"{stack.vllm_package}-{stack.vllm}")
+    try:
+        rec = start_and_first_request(carried, cfg, v.name, logdir, timeout, v.warmup)
+        rec["rebuilt_mib"] = cache_sizes(fresh)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+        tar_path.unlink(missing_ok=True)
+    rec["tar"] = {**packed, "unpack_s": unpacked_s, "from": str(host.base), "to": str(fresh)}
+    return rec
+
+
+def caches_md(result: dict[str, Any]) -> str:
+    lines = [
+        "| variant | caches taken away | ready (/health) s | init engine s | torch.compile s | "
+        "warmup set s | first request TTFT s | second TTFT s | start to first token s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for rec in result["variants"]:
+        warm = rec.get("warmup", {}).get("seconds", "-") if rec.get("warmup") else "-"
+        first = (rec.get("first_request") or {}).get("ttft_s", "-")
+        second = (rec.get("second_request") or {}).get("ttft_s", "-")
+        removed = ", ".join(rec.get("removed", [])) or (
+            "fresh base folder, caches carried in" if "tar" in rec else "none"
+        )
+        lines.append(
+            f"| {rec['variant']} | {removed} | {rec.get('ready_s', '-')} | "
+            f"{rec.get('init_engine_s', '-')} | {rec.get('compile_s', '-')} | {warm} | {first} | "
+            f"{second} | {rec.get('to_first_token_s', '-')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def cmd_caches(a: argparse.Namespace) -> int:
+    """Restarts of one configuration with one cache taken away at a time (docs/GPU.md, 5)."""
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = select_variants(a.variants)
+    cfg = select(a.config)[0]
+    host = make_host(a)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    host.base.mkdir(parents=True, exist_ok=True)
+    stop_leftover(host.base / "lane.pid")
+    logdir = out / "logs"
+    logdir.mkdir(exist_ok=True)
+    result: dict[str, Any] = {
+        "profile": a.profile,
+        "model": a.model,
+        "config": cfg.name,
+        "base": str(host.base),
+        "sizes_before": cache_sizes(host.base),
+        "variants": [],
+    }
+    t_all = time.monotonic()
+    for v in variants:
+        if a.budget_s and time.monotonic() - t_all > a.budget_s:
+            result["variants"].append({"variant": v.name, "error": "skipped: --budget-s spent"})
+            continue
+        print(f"== {v.name}: {v.why}", flush=True)
+        rec = run_cache_variant(host, cfg, v, logdir, a.start_timeout)
+        result["variants"].append(rec)
+        print(
+            f"   ready {rec.get('ready_s')} s, first TTFT "
+            f"{(rec.get('first_request') or {}).get('ttft_s')} s, error {rec.get('error')}",
+            flush=True,
+        )
+        (out / "caches.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+        if rec.get("interrupted"):
+            break
+    result["seconds"] = round(time.monotonic() - t_all, 1)
+    (out / "caches.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "caches.md").write_text(caches_md(result), encoding="utf-8")
+    with tarfile.open(out / "cache-logs.tar.gz", "w:gz") as tar:
+        tar.add(logdir, arcname="logs")
+    shutil.rmtree(logdir)
+    print(caches_md(result))
     return 0
 
 
@@ -1284,18 +1608,9 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="gpu_lane.py",
-        description="Serve vfleet's rendered configurations on a CUDA GPU with real vLLM and "
-        "measure them (docs/GPU.md).",
-    )
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="render, serve and measure each configuration (needs a GPU)")
-    r.add_argument("--out", required=True, help="folder for lane.json, lane.md, logs.tar.gz")
+def _host_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--profile", default=DEFAULT_PROFILE)
     r.add_argument("--model", default=DEFAULT_MODEL)
-    r.add_argument("--only", help=f"comma-separated configurations of: {[c.name for c in MATRIX]}")
     r.add_argument("--base-dir", default="~/vfleet-gpu-lane", help="vfleet base folder to use")
     r.add_argument("--python", default=sys.executable, help="the python that imports vLLM")
     r.add_argument("--pythonpath", help="prepended to PYTHONPATH for vLLM (a --target install)")
@@ -1310,14 +1625,40 @@ def main(argv: list[str] | None = None) -> int:
         help="a vfleet setting added to every configuration (repeatable)",
     )
     r.add_argument("--start-timeout", type=float, default=900, help="seconds to /health")
-    r.add_argument("--budget-s", type=float, default=0, help="skip configs after this long")
+    r.add_argument("--budget-s", type=float, default=0, help="start nothing new after this long")
     r.add_argument(
         "--repeats",
         type=int,
         default=3,
         help="sleep/wake cycles per level and full restarts in the `sleep` configuration",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="gpu_lane.py",
+        description="Serve vfleet's rendered configurations on a CUDA GPU with real vLLM and "
+        "measure them (docs/GPU.md).",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="render, serve and measure each configuration (needs a GPU)")
+    r.add_argument("--out", required=True, help="folder for lane.json, lane.md, logs.tar.gz")
+    r.add_argument("--only", help=f"comma-separated configurations of: {[c.name for c in MATRIX]}")
+    _host_args(r)
     r.set_defaults(fn=cmd_run)
+    c = sub.add_parser(
+        "caches",
+        help="restarts of one configuration with one cache taken away at a time, a cold start "
+        "with and without the warmup set, and a fresh base folder with the caches carried in "
+        "(needs a GPU; run `run` first so that the caches exist)",
+    )
+    c.add_argument("--out", required=True, help="folder for caches.json, caches.md")
+    c.add_argument("--config", default="main", help="the configuration to restart")
+    c.add_argument(
+        "--variants", help=f"comma-separated variants of: {[v.name for v in CACHE_VARIANTS]}"
+    )
+    _host_args(c)
+    c.set_defaults(fn=cmd_caches)
     p = sub.add_parser("report", help="planner vs vLLM's logged memory terms (no GPU)")
     p.add_argument("result", help="lane.json from `run`")
     p.add_argument("--md", help="also write the table to this file")

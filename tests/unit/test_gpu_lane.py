@@ -326,3 +326,141 @@ def test_sleep_runs_each_level_then_a_plain_level_2_and_stops_at_a_failed_wake(
 
     monkeypatch.setattr(lane, "sleep_cycle", failing)
     assert len(lane.run_sleep("m", 3)["cycles"]) == 2 and calls == [(1, True), (1, True)]
+
+
+def _fill(base: Path, rel: str, text: str) -> None:
+    f = base / rel / "entry.bin"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text, encoding="utf-8")
+
+
+def test_cache_variants_take_away_the_named_caches_and_restore_them(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    for rels in lane.CACHES.values():
+        for rel in rels:
+            _fill(base, rel, rel)
+    names = [v.name for v in lane.CACHE_VARIANTS]
+    assert len(set(names)) == len(names)
+    # each cache is taken away alone once, and all together for the cold starts
+    alone = {v.removes for v in lane.CACHE_VARIANTS if len(v.removes) == 1}
+    assert alone == {(k,) for k in lane.CACHES}
+    cold = lane.select_variants("cold,cold-warmup")
+    assert all(set(v.removes) == set(lane.CACHES) for v in cold) and cold[1].warmup
+    with pytest.raises(SystemExit, match="unknown variant"):
+        lane.select_variants("warm,nope")
+    aside = tmp_path / "aside"
+    moved = lane.move_aside(base, ("triton",), aside)
+    assert [o for o, _ in moved] == [base / "cache/main/triton"]
+    assert not (base / "cache/main/triton").exists()
+    assert (aside / "cache/main/triton/entry.bin").read_text(encoding="utf-8") == (
+        "cache/main/triton"
+    )
+    # what the start rebuilt is dropped, the original comes back
+    _fill(base, "cache/main/triton", "rebuilt")
+    lane.restore(moved)
+    assert (base / "cache/main/triton/entry.bin").read_text(encoding="utf-8") == (
+        "cache/main/triton"
+    )
+    assert not (aside / "cache/main/triton").exists()
+    # a cache that is not there is not "removed"
+    (base / "cache/main/pycache/entry.bin").unlink()
+    (base / "cache/main/pycache").rmdir()
+    assert lane.move_aside(base, ("bytecode",), aside) == []
+
+
+def test_caches_carried_as_a_tar_land_at_the_same_paths_of_another_base(tmp_path: Path) -> None:
+    base, fresh = tmp_path / "base", tmp_path / "fresh"
+    _fill(base, "cache/main/vllm", "aot")
+    _fill(base, "instances/main/home/.cache/flashinfer", "jit")
+    _fill(base, "models/not-a-cache", "weights")
+    fresh.mkdir()
+    packed = lane.pack_caches(base, tmp_path / "c.tar")
+    assert packed["mib"] >= 0 and packed["seconds"] >= 0
+    lane.unpack_caches(tmp_path / "c.tar", fresh)
+    got = fresh / "instances/main/home/.cache/flashinfer/entry.bin"
+    assert got.read_text(encoding="utf-8") == "jit"
+    assert (fresh / "cache/main/vllm/entry.bin").read_text(encoding="utf-8") == "aot"
+    assert not (fresh / "models").exists()
+    sizes = lane.cache_sizes(fresh)
+    assert "instances/main/home/.cache/flashinfer" in sizes
+    assert sizes["cache/main/triton"] == 0.0
+
+
+def test_caches_table_names_what_was_taken_away() -> None:
+    result = {
+        "variants": [
+            {
+                "variant": "no-triton",
+                "removed": ["cache/main/triton"],
+                "ready_s": 40.1,
+                "init_engine_s": 9.0,
+                "compile_s": 1.1,
+                "first_request": {"ttft_s": 12.5},
+                "second_request": {"ttft_s": 0.05},
+                "to_first_token_s": 53.0,
+            },
+            {"variant": "carried", "tar": {"mib": 1.0}, "ready_s": 38.0},
+            {"variant": "cold-warmup", "removed": ["x"], "warmup": {"seconds": 30.2}},
+        ]
+    }
+    md = lane.caches_md(result)
+    assert "| no-triton | cache/main/triton | 40.1 | 9.0 | 1.1 | - | 12.5 | 0.05 | 53.0 |" in md
+    assert "| carried | fresh base folder, caches carried in | 38.0 |" in md
+    assert "| 30.2 |" in md
+
+
+def test_greedy_pairs_put_plugin_on_against_plugin_off() -> None:
+    def rec(name: str, text: str, ok: bool = True) -> dict[str, object]:
+        return {
+            "name": name,
+            "greedy": {"replies": [{"ok": ok, "reasoning": "r", "content": text}]},
+        }
+
+    assert lane.greedy_pairs([rec("plugin-off", "a"), rec("plugin-on", "a")]) == {
+        "plugin-on = plugin-off": True
+    }
+    assert lane.greedy_pairs([rec("plugin-off", "a"), rec("plugin-on", "b")]) == {
+        "plugin-on = plugin-off": False
+    }
+    # a failed request is never "identical"
+    assert not lane.greedy_pairs([rec("plugin-off", ""), rec("plugin-on", "", ok=False)])[
+        "plugin-on = plugin-off"
+    ]
+    assert lane.greedy_pairs([rec("plugin-off", "a")]) == {}
+
+
+def test_caches_needs_no_gpu_to_explain_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        lane.main(["caches", "--help"])
+    out = capsys.readouterr().out
+    assert "--variants" in out and "no-triton" in out
+
+
+def test_the_covered_table_is_built_from_the_replies_of_earlier_configs(tmp_path: Path) -> None:
+    def rec(name: str, *replies: dict[str, object]) -> dict[str, object]:
+        return {"name": name, "greedy": {"replies": list(replies)}}
+
+    ok = {"ok": True, "reasoning": " Random weights", "content": "\n\n The quick\nbrown fox."}
+    failed = {"ok": False, "content": "never seen"}
+    text = lane.replies_corpus([rec("plugin-off", ok, failed), {"name": "x"}])
+    # one line per text, newlines inside a reply flattened; failed requests left out
+    assert text == "Random weights\nThe quick brown fox.\n"
+    assert lane.replies_corpus([]) == ""
+    # the plugin's default corpus is passed beside the replies: it must be where the lane looks
+    assert lane.DEFAULT_DRAFT_CORPUS.is_file()
+    cfg = lane.select("plugin-on-covered")[0]
+    assert cfg.draft_prune and cfg.vocab_from_replies
+    # without earlier replies it refuses before rendering or starting anything
+    host = lane.Host(
+        tmp_path / "base", sys.executable, "", "", tmp_path, "h200-141g", "tiny-hybrid-mtp"
+    )
+    out = lane.serve_one(host, cfg, tmp_path, 1.0, [])
+    assert "run it after plugin-off" in out["error"]
+    assert not (tmp_path / "base").exists()
+    pairs = lane.greedy_pairs(
+        [
+            {"name": "plugin-off", "greedy": {"replies": [ok]}},
+            {"name": "plugin-on-covered", "greedy": {"replies": [ok]}},
+        ]
+    )
+    assert pairs == {"plugin-on-covered = plugin-off": True}

@@ -1,6 +1,6 @@
 """One escaping helper per target a rendered value is written into.
 
-The grammars in config.py refuse hostile values at load; these helpers are the second line:
+The grammars in config/schema.py refuse hostile values at load; these helpers are the second line:
 whatever reaches a template is written so that its consumer reads back exactly that value,
 or refused with an error naming the setting. The consumers themselves check the round trip
 (tests/unit/test_units.py): systemd-analyze and systemctl for units, sh for scripts, node for

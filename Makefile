@@ -250,7 +250,8 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/vfleet images check
 	$(BIN)/python -m vfleet.render.compose generated --check
-	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml swap.yml roles/vfleet roles/vfleet_prometheus
+	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml swap.yml roles/vfleet roles/vfleet_prometheus roles/vfleet_pm2
+	$(BIN)/python -m vfleet.checks.argument_specs ansible
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml
 	$(BIN)/vfleet prometheus rules --check

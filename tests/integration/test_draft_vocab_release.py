@@ -121,7 +121,7 @@ def _host(tmp_path: Path) -> tuple[Path, Path]:
 def _role_task(tmp_path: Path, plan: Plan) -> str:
     """tasks/draft_vocab.yml of the real role, run by ansible-playbook against this machine."""
     (tmp_path / "plan.json").write_text(
-        json.dumps({"vfleet_plan": plan.as_dict(), "vfleet_pm": "pm2"})
+        json.dumps({"_vfleet_plan": plan.as_dict(), "_vfleet_pm": "pm2"})
     )
     (tmp_path / "play.yml").write_text(
         "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"

@@ -20,8 +20,10 @@ import pytest
 import yaml
 
 from vfleet.checks import stacks, stacks_index
+from vfleet.config.pins import requirements
 from vfleet.config.profiles import load_profile
 from vfleet.config.schema import Stack
+from vfleet.render.plan import plan
 
 VFLEET = str(Path(sys.executable).with_name("vfleet"))
 GPU_STACKS = [r.label for r in stacks.gpu_stacks()]
@@ -204,16 +206,14 @@ def test_a_local_torch_label_is_checked_against_the_index_builds_cuda() -> None:
 
 
 def test_pins_are_what_the_role_and_the_image_install() -> None:
-    from vfleet.render.plan import plan
-
     stack = load_profile("4x2080ti-22g").stacks["vllm-0.21.0"]
-    assert stacks.requirements(stack) == [
+    assert requirements(stack) == [
         "vllm==0.21.0",
         "torch==2.11.0",
         "flashinfer-python==0.6.8.post1",
     ]
     p = plan("4x2080ti-22g", "qwen3.6-27b-awq-int4")
-    assert p.software.packages == stacks.requirements(stack)
+    assert p.software.packages == requirements(stack)
 
 
 def test_platform_tags_cover_the_stacks_glibc_and_older() -> None:

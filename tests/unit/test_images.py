@@ -76,7 +76,7 @@ def test_tags_and_build_args_come_from_the_stack() -> None:
 def test_pin_check_catches_a_pin_the_image_does_not_install(
     images_copy: Path, edit: str, pin: str
 ) -> None:
-    """Every pin the role installs (stacks.requirements) reaches the image's install line."""
+    """Every pin the role installs (config.pins.requirements) reaches the image's install line."""
     path = images_copy / "vllm-cuda" / "Dockerfile"
     text = path.read_text()
     assert edit in text

@@ -337,7 +337,7 @@ def check_spec(spec: ImageSpec, stack: Stack | None = None) -> list[str]:
 
 
 def _installs_every_pin(spec: ImageSpec, stack: Stack, text: str, rel: str) -> list[str]:
-    """Each pin of the stack (stacks.requirements: what the role installs and `vfleet stacks
+    """Each pin of the stack (config.pins.requirements: what the role installs and `vfleet stacks
     check` resolves) reaches the image's install as `name==$ARG` of a build argument."""
     problems = []
     for req in requirements(stack):

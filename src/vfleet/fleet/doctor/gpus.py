@@ -200,7 +200,8 @@ def _check_topology(plan: Plan, gpus: dict[str, Any], group: list[dict[str, Any]
     pairs = {(i, j): links.get((i, j), "?") for n, i in enumerate(ids) for j in ids[n + 1 :]}
     text = ", ".join(f"GPU{i}-GPU{j} {link}" for (i, j), link in pairs.items())
     nvlink = all(link.startswith("NV") for link in pairs.values())
-    # The all-reduce rule (rules.py): custom all-reduce only when every pair is NVLink.
+    # The all-reduce rule (engine/rules/multigpu.py): custom all-reduce only when every
+    # pair is NVLink.
     custom = not plan.config().get("disable-custom-all-reduce", False)
     if custom and not nvlink:
         return [

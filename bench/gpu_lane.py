@@ -1156,6 +1156,10 @@ class CacheVariant:
     warmup: bool = False
     # start from a fresh base folder with a tar of this base folder's caches unpacked into it
     carried: bool = False
+    # take every cache away, then unpack a tar of them at the same paths: a fresh host that
+    # gets an earlier start's caches where the deploy puts the instance (the base folder is the
+    # profile's, so the same on every host)
+    carried_same: bool = False
 
 
 CACHE_VARIANTS: tuple[CacheVariant, ...] = (
@@ -1176,6 +1180,13 @@ CACHE_VARIANTS: tuple[CacheVariant, ...] = (
         (),
         "a fresh base folder (another path) with the caches of this one carried in as a tar",
         carried=True,
+    ),
+    CacheVariant(
+        "carried-same",
+        tuple(CACHES),
+        "every cache taken away, then a tar of them unpacked at the same paths (a fresh host "
+        "given an earlier start's caches)",
+        carried_same=True,
     ),
 )
 
@@ -1287,13 +1298,20 @@ def run_cache_variant(
 ) -> dict[str, Any]:
     aside = host.base.parent / (host.base.name + "-aside")
     if not v.carried:
+        tar_path = host.base.parent / (host.base.name + "-caches.tar")
+        packed = pack_caches(host.base, tar_path) if v.carried_same else None
         moved = move_aside(host.base, v.removes, aside)
         try:
+            if packed is not None:
+                packed["unpack_s"] = unpack_caches(tar_path, host.base)
+                tar_path.unlink()
             rec = start_and_first_request(host, cfg, v.name, logdir, timeout, v.warmup)
             rec["rebuilt_mib"] = cache_sizes(host.base)
         finally:
             restore(moved)
         rec["removed"] = [str(o.relative_to(host.base)) for o, _ in moved]
+        if packed is not None:
+            rec["tar"] = {**packed, "from": str(host.base), "to": str(host.base)}
         return rec
     fresh = host.base.parent / (host.base.name + "-carried")
     if fresh.exists():
@@ -1331,6 +1349,8 @@ def caches_md(result: dict[str, Any]) -> str:
         removed = ", ".join(rec.get("removed", [])) or (
             "fresh base folder, caches carried in" if "tar" in rec else "none"
         )
+        if rec.get("removed") and "tar" in rec:
+            removed += " (then a tar of them unpacked at the same paths)"
         lines.append(
             f"| {rec['variant']} | {removed} | {rec.get('ready_s', '-')} | "
             f"{rec.get('init_engine_s', '-')} | {rec.get('compile_s', '-')} | {warm} | {first} | "
@@ -1356,6 +1376,7 @@ def cmd_caches(a: argparse.Namespace) -> int:
         "model": a.model,
         "config": cfg.name,
         "base": str(host.base),
+        "pythonpath": host.pythonpath,
         "sizes_before": cache_sizes(host.base),
         "variants": [],
     }

@@ -464,3 +464,43 @@ def test_the_covered_table_is_built_from_the_replies_of_earlier_configs(tmp_path
         ]
     )
     assert pairs == {"plugin-on-covered = plugin-off": True}
+
+
+def test_carried_same_starts_from_a_tar_of_the_caches_at_their_own_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The vLLM start needs a GPU: a stand-in records what the start would find (the cache
+    # handling around it is the lane's own code).
+    base = tmp_path / "base"
+    for rels in lane.CACHES.values():
+        for rel in rels:
+            _fill(base, rel, rel)
+    seen: dict[str, str] = {}
+
+    def fake_start(host, cfg, name, logdir, timeout, warmup):  # type: ignore[no-untyped-def]
+        for rels in lane.CACHES.values():
+            for rel in rels:
+                seen[rel] = (base / rel / "entry.bin").read_text(encoding="utf-8")
+                _fill(base, rel, "rebuilt")
+        aside = tmp_path / "base-aside"
+        seen["aside"] = str(sorted(p.name for p in (aside / "cache/main").iterdir()))
+        return {"variant": name}
+
+    monkeypatch.setattr(lane, "start_and_first_request", fake_start)
+    host = lane.Host(
+        base, sys.executable, "", "/usr/local/cuda", tmp_path, "h200-141g", "tiny-hybrid-mtp"
+    )
+    (v,) = lane.select_variants("carried-same")
+    rec = lane.run_cache_variant(host, lane.select("main")[0], v, tmp_path, 1.0)
+    # the start found every cache, unpacked from the tar at its own path...
+    assert {k: s for k, s in seen.items() if k != "aside"} == {
+        rel: rel for rels in lane.CACHES.values() for rel in rels
+    }
+    # ...while the originals were aside, and afterwards the originals are back
+    assert "triton" in seen["aside"]
+    for rels in lane.CACHES.values():
+        for rel in rels:
+            assert (base / rel / "entry.bin").read_text(encoding="utf-8") == rel
+    assert rec["tar"]["from"] == rec["tar"]["to"] == str(base)
+    assert set(rec["removed"]) == {r for rels in lane.CACHES.values() for r in rels}
+    assert not (tmp_path / "base-caches.tar").exists()

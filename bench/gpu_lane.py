@@ -1061,6 +1061,7 @@ def make_host(a: argparse.Namespace) -> Host:
         gen = load_model(a.model).source.generator
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
             json.dump(arch, fh)
+        t_build = time.monotonic()
         subprocess.run(
             [
                 a.python,
@@ -1073,6 +1074,7 @@ def make_host(a: argparse.Namespace) -> Host:
             check=True,
             env=host.env(),
         )
+        print(f"built {a.model} in {time.monotonic() - t_build:.1f} s: {model_dir}", flush=True)
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.engine.compile import resolve
 

@@ -458,7 +458,7 @@ def test_auto_memory_keeps_the_tested_utilisation_when_uncertain() -> None:
     )
     assert old.gpu is not None and round(old.gpu.headroom_bytes / MIB) == -431
     assert not old.fits and any("OOM" in p for p in old.problems)
-    # 1 GiB less KV: it fits, but inside the terms' +/- 1.5 GiB, so the plan warns
+    # 1 GiB less KV: it fits, but inside the terms' +/- 1.6 GiB, so the plan warns
     less = plan_launch(
         resolve(
             "", "", deployment=SEED_004, sets=[f"kv_cache_memory_bytes={16006725632 - 1024 * MIB}"]

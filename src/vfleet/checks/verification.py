@@ -257,7 +257,7 @@ RECORDS: tuple[StackRecord, ...] = (
             BACKEND,
             PINS,
             _kv(
-                "no logged pool in seed 004; the planner predicts ~1,441,067 tokens and keeps "
+                "no logged pool in seed 004; the planner predicts ~1,448,309 tokens and keeps "
                 "the seed's tested gpu-memory-utilization 0.868, since its terms are uncertain "
                 "by more than the headroom (docs/PLANNER.md)",
                 Level.UNVERIFIED,

@@ -345,7 +345,12 @@ def activation_peak(arch: ModelArch, m: MemInputs) -> ActivationPeak:
     formula = (
         f"{PEAK_FIXED // MIB} MiB fixed + {batch} x 2 B x {widths[widest]} ({widest}; per "
         f"token and rank: {parts}) = {forward / MIB:.0f} MiB"
-        + (f" + MoE workspace {workspace / MIB:.0f} MiB" if workspace else "")
+        + (
+            f" + MoE workspace {workspace / MIB:.0f} MiB (MoE shapes of vfleet's generated "
+            "models: the schema has no moe_intermediate_size or top-k)"
+            if workspace
+            else ""
+        )
         + f"; the sampler run ({m.max_num_seqs} seqs x {arch.vocab_size} vocab x "
         f"{SAMPLER_BYTES_PER_SEQ_VOCAB} B = {sampler / MIB:.0f} MiB) comes after the forward"
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vfleet.config.schema import HardwareProfile, ModelArch, ModelPreset, Quantization
+from vfleet.hostside.tinymodels import hybrid_moe
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -216,6 +217,19 @@ GDN_PREFILL_BYTES_PER_TOKEN_HEAD = 2_100
 # sort values and int64 indices 12, probabilities 4, the rejection sampler's fp32 logits for
 # 2 rows per sequence 8, fp32 draft probabilities 4.
 SAMPLER_BYTES_PER_SEQ_VOCAB = 34
+# The activation peak's part that does not grow with max_num_batched_tokens: 98 MiB, the
+# intercept of the H200 lane's tiny-hybrid-mtp runs at 2,048 and 8,192 batched tokens (0.11 and
+# 0.16 GiB logged, less the per-token part below: F in 91.5..101.8 and 94.6..104.9 MiB). Of it,
+# torch's cuBLAS workspace is 32 MiB on SM90 (at::cuda CublasHandlePool, allocated through the
+# caching allocator at the first GEMM of the profile run); the rest is not attributed. One
+# constant for every configuration, measured on SM90 only.
+PEAK_FIXED = 98 * MIB
+# Triton's autotuner benchmarks with a 256 MiB L2-flush buffer (triton/backends/nvidia/driver.py
+# get_empty_cache_for_benchmark). vLLM caches autotuning results on disk (env_override.py:
+# TRITON_CACHE_AUTOTUNING=1), so only a start on a cold Triton cache autotunes inside the
+# profile run (the GDN prefill kernels' warmup): H200 lane, fp16 on a fresh cache 0.31 GiB vs
+# 0.16 warm, and main 128.00 vs main-restart 128.21 GiB of KV. Counted as uncertainty.
+TRITON_BENCH_FLUSH = 256 * MIB
 # The vision encoder's profile: its token budget, patches per token (2 x 2 merge) and the
 # tower's widths (Qwen3.5 / Qwen3-VL family: hidden 1152, MLP 4304).
 VISION_BUDGET_TOKENS, VISION_PATCHES_PER_TOKEN = 16384, 4
@@ -231,6 +245,120 @@ CUSTOM_ALL_REDUCE = 24 * MIB  # custom_all_reduce.py: 8 MiB meta + 8 MiB buffer 
 GRAPH_FIRST_BASE, GRAPH_FIRST_PER_TP, GRAPH_PER_SIZE = 88 * MIB, 20 * MIB, 1 * MIB
 
 
+@dataclass(frozen=True)
+class ActivationPeak:
+    """vLLM's "torch peak memory increase" of the profile run, term by term (per rank)."""
+
+    widths: dict[str, int]  # elements per token live at each layer kind's widest point
+    widest: str  # the layer kind that sets the forward peak
+    forward: int  # max_num_batched_tokens x 2 B x widths[widest]
+    moe_workspace: int  # the fused-MoE workspace, allocated in the profile run and kept
+    sampler: int  # the sampler run's buffers (after the forward; only the larger phase counts)
+    fixed: int
+    value: int
+    uncertainty: int
+    formula: str
+
+
+def activation_peak(arch: ModelArch, m: MemInputs) -> ActivationPeak:
+    """The profile run's torch peak above the weights (vLLM 0.24.0, 16-bit activations).
+
+    Where each part comes from (vLLM 0.24.0 source unless said):
+
+    - The dummy forward (v1/worker/gpu_model_runner.py _dummy_run with max_num_batched_tokens
+      T, is_profile=True): no attention metadata, so attention and the GDN core return early
+      (qwen_gdn_linear_attn.py _forward_core warms the prefill kernels on 64 tokens only). The
+      model is torch.compile'd in pieces split at the attention ops (config/compilation.py
+      _attention_ops), and each layer's tensors are dead before the next layer's widest point,
+      so the peak is the widest layer kind plus the residual stream. Per token, counting every
+      tensor a layer kind allocates up to its split point, with the residual, the layer's
+      input (normed) and its output buffer (3 x hidden). Inductor frees a buffer after its
+      last use, so this is an upper bound of what one layer holds at once; the H200 figures
+      sit at it (mid-hybrid-mtp 4.5% above even this count), so nothing is taken off:
+      - GDN, Qwen3-Next layout (qwen3_next.py: gqa_interleaved_layout=True; forward_cuda,
+        fix_query_key_value_ordering): in_proj_qkvz (2 nk dk + 2 nv dv)/TP and in_proj_ba
+        2 nv/TP, contiguous copies of q, k, v (2 nk dk + nv dv)/TP and their torch.cat as
+        many, z nv dv/TP, b and a 2 nv/TP, core_attn_out (torch.zeros) nv dv/TP;
+      - GDN, Qwen3.5 layout (qwen3_5.py: gqa_interleaved_layout=False): q/k/v and z are views
+        of in_proj_qkvz: the projections, b and a, and core_attn_out;
+      - full attention (qwen3_next.py Qwen3NextAttention): qkv_proj (gated q: 2 nq hd + 2 nkv
+        hd)/TP, q, gate and k out of fused_qk_rmsnorm_rope_gate, the attention output nq hd/TP;
+      - dense MLP (Qwen3NextMLP): gate_up 2 I/TP and silu-and-mul I/TP;
+      - MoE (Qwen3NextSparseMoeBlock, at T > VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD the
+        shared expert runs on the main stream): the shared expert's gate_up, activation and
+        output, the routed output (runner/moe_runner.py); plus the TritonExperts workspace
+        (experts/triton_moe.py workspace_shapes: T x top-k x (max(I_e/TP, hidden) +
+        max(2 I_e/TP, hidden)); modular_kernel.py _allocate_buffers takes it from
+        v1/worker/workspace.py WorkspaceManager, which keeps it: it is live at every later
+        layer's peak). MoE shapes of the generated models: hostside/tinymodels.py hybrid_moe.
+    - The MTP drafter's dummy run (one attention layer + the MLP, with the target's hidden
+      states held) is narrower than the widest target layer for these shapes: not counted.
+    - _dummy_sampler_run: logits for max_num_seqs rows and the sampler's buffers
+      (SAMPLER_BYTES_PER_SEQ_VOCAB), after the forward, with the final hidden states (T x
+      hidden) and the MoE workspace still held; the larger of the two phases counts.
+    - PEAK_FIXED: what does not grow with T (measured, see the constant).
+
+    Checked against vLLM's DEBUG log on an H200 (docs/GPU.md 2 and 2b): tiny-hybrid-mtp at
+    2,048 and 8,192 tokens 114 / 162 MiB vs 0.11 / 0.16 GiB logged; mid-hybrid-mtp at 8,192
+    1,124 MiB vs 1.15 GiB (-4.5%), with and without MTP. Not measured: a dense MLP's width
+    (the 27B presets) and the fixed part off SM90.
+    """
+    tp, h, t = m.tp, arch.hidden_size, m.batched_tokens
+    act = 2  # bf16/fp16 activations (every preset); 0.24.0 profiles in the model dtype
+    base = 3 * h  # residual, the layer's input and its output buffer
+    nq, hd = arch.num_attention_heads // tp, arch.head_dim
+    nkv = max(1, arch.num_key_value_heads // tp)
+    gated = arch.hybrid  # Qwen3-Next / Qwen3.5 attention has an output gate
+    widths = {
+        "attention": base
+        + (nq * (2 if gated else 1) + 2 * nkv) * hd
+        + nq * hd * (2 if gated else 1)
+        + nkv * hd
+        + nq * hd
+    }
+    if arch.hybrid:
+        nk, nv = (arch.linear_num_key_heads or 0) // tp, (arch.linear_num_value_heads or 0) // tp
+        dk, dv = arch.linear_key_head_dim or 0, arch.linear_value_head_dim or 0
+        qkvz, qkv, vdim = 2 * nk * dk + 2 * nv * dv, 2 * nk * dk + nv * dv, nv * dv
+        gdn = base + qkvz + 2 * nv + 2 * nv + vdim
+        if arch.model_type == "qwen3_next":
+            gdn += 2 * qkv + vdim  # q/k/v copies, their cat, the z copy
+        widths["GDN"] = gdn
+    workspace = 0
+    if arch.num_experts:
+        moe = hybrid_moe(arch.model_dump())
+        ie = int(moe["moe_intermediate_size"]) // tp
+        shared = int(moe["shared_expert_intermediate_size"]) // tp
+        topk = int(moe["num_experts_per_tok"])
+        widths["MoE"] = base + 3 * shared + 2 * h + arch.num_experts
+        workspace = t * topk * (max(ie, h) + max(2 * ie, h)) * act
+    else:
+        inter = (arch.intermediate_size or 4 * h) // tp
+        widths["MLP"] = base + 3 * inter
+    widest = max(widths, key=lambda k: widths[k])
+    forward = t * act * widths[widest]
+    sampler = m.max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_SEQ_VOCAB
+    value = PEAK_FIXED + workspace + max(forward, t * act * h + sampler)
+    unc = forward // 10 + PEAK_FIXED // 2 + TRITON_BENCH_FLUSH
+    batch = f"{t} tokens{' (vLLM default)' if m.batched_default else ''}"
+    parts = ", ".join(f"{k} {v}" for k, v in widths.items())
+    formula = (
+        f"{PEAK_FIXED // MIB} MiB fixed + {batch} x 2 B x {widths[widest]} ({widest}; per "
+        f"token and rank: {parts}) = {forward / MIB:.0f} MiB"
+        + (
+            f" + MoE workspace {workspace / MIB:.0f} MiB (MoE shapes of vfleet's generated "
+            "models: the schema has no moe_intermediate_size or top-k)"
+            if workspace
+            else ""
+        )
+        + f"; the sampler run ({m.max_num_seqs} seqs x {arch.vocab_size} vocab x "
+        f"{SAMPLER_BYTES_PER_SEQ_VOCAB} B = {sampler / MIB:.0f} MiB) comes after the forward"
+    )
+    return ActivationPeak(
+        widths, widest, forward, workspace, sampler, PEAK_FIXED, value, unc, formula
+    )
+
+
 def gpu_terms(
     arch: ModelArch,
     preset: ModelPreset,
@@ -243,7 +371,6 @@ def gpu_terms(
 ) -> list[Term]:
     """Every memory term per rank besides the KV cache."""
     tp, h = m.tp, arch.hidden_size
-    inter = arch.intermediate_size or 4 * h
     terms: list[Term] = []
 
     parts = weight_bytes(arch, preset.quantization, sm)
@@ -268,21 +395,25 @@ def gpu_terms(
         )
     )
 
-    forward = m.batched_tokens * 2 * (3 * inter // tp + 4 * h)
-    sampler = m.max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_SEQ_VOCAB
+    peak = activation_peak(arch, m)
     terms.append(
         Term(
             "peak activation",
-            forward + sampler,
-            int(0.4 * forward),
+            peak.value,
+            peak.uncertainty,
             "profiled",
-            "unverified",
-            "gpu_model_runner.py profile_run: _dummy_run(max_num_batched_tokens) without "
-            "attention metadata (attention and the GDN core skip), then _dummy_sampler_run; "
-            "the torch peak above the weights. +/-40%: inductor's buffer reuse is not modelled",
-            f"{m.batched_tokens} tokens{' (vLLM default)' if m.batched_default else ''} x 2 B x "
-            f"(3 x {inter}/{tp} MLP + 4 x {h} hidden) + "
-            f"{m.max_num_seqs} seqs x {arch.vocab_size} vocab x {SAMPLER_BYTES_PER_SEQ_VOCAB} B",
+            "measured",
+            "gpu_worker.py determine_available_memory: the torch allocated-bytes peak of "
+            "gpu_model_runner.py profile_run above the weights, i.e. _dummy_run("
+            "max_num_batched_tokens) without attention metadata (attention and the GDN core "
+            "skip), the MTP drafter's dummy run, then _dummy_sampler_run. Per-token part: the "
+            "widest layer's tensors (activation_peak), from qwen3_next.py / qwen3_5.py, "
+            "qwen_gdn_linear_attn.py forward_cuda and fused_moe; fixed part and the check: "
+            "H200 lane (docs/GPU.md 2, 2b: tiny 0.11 / 0.16 GiB, mid 1.15 GiB; planner +1% / "
+            "-1% / -4.5%), generated MoE models only: a dense MLP's width and the fixed part "
+            "off SM90 are not measured. +/-: 10% of the per-token part, half the fixed part, "
+            "up to 256 MiB more on a cold Triton cache",
+            peak.formula,
         )
     )
     if arch.multimodal and m.vision_loaded and m.mm_profiled:
@@ -403,12 +534,14 @@ def gpu_terms(
             )
         )
     if arch.hybrid:
-        nk, nv = arch.linear_num_key_heads or 0, arch.linear_num_value_heads or 0
-        dk, dv = arch.linear_key_head_dim or 0, arch.linear_value_head_dim or 0
-        width = (2 * nk * dk + 2 * nv * dv) // tp  # in_proj_qkvz out; the conv out as wide
+        nv = arch.linear_num_value_heads or 0
+        # The real chunk's GDN layer: what the profile run held for it (activation_peak's GDN
+        # width) plus the chunked core it skipped; the fixed part and the MoE workspace are in
+        # both and cancel.
+        width = peak.widths["GDN"]
         core = m.batched_tokens * (nv // tp) * GDN_PREFILL_BYTES_PER_TOKEN_HEAD
-        layer = m.batched_tokens * 2 * (2 * h + 2 * width) + core
-        excess = max(0, layer - forward)
+        layer = m.batched_tokens * 2 * width + core
+        excess = max(0, layer - peak.forward)
         terms.append(
             Term(
                 "GDN prefill above the profiled peak",
@@ -420,9 +553,9 @@ def gpu_terms(
                 "returns early in the profile run (it warms the kernels on 64 tokens only), so "
                 "a real max_num_batched_tokens prefill chunk's GDN layer is never measured; "
                 "shapes from fla/ops/chunk.py chunk_gated_delta_rule_fwd; +/-50% of the core",
-                f"GDN layer {m.batched_tokens} tokens x (2 B x (2 x {h} + 2 x {width}) + "
-                f"{nv}/{tp} heads x {GDN_PREFILL_BYTES_PER_TOKEN_HEAD} B) = "
-                f"{layer / MIB:.0f} MiB, less the profiled forward {forward / MIB:.0f} MiB",
+                f"GDN layer {m.batched_tokens} tokens x (2 B x {width} + {nv}/{tp} heads x "
+                f"{GDN_PREFILL_BYTES_PER_TOKEN_HEAD} B) = {layer / MIB:.0f} MiB, less the "
+                f"profiled forward {peak.forward / MIB:.0f} MiB ({peak.widest})",
             )
         )
     if runtime_residual_bytes:

@@ -74,7 +74,7 @@ def main(root: Path, new_tokens: int) -> dict[str, Any]:
         norm = Qwen3NextRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps).to(torch.bfloat16)
         norm.weight.data.copy_(mtp[f"{name}.weight"])
         norms[name] = norm
-    out: dict[str, Any] = {"replies": [], "mtp": []}
+    out: dict[str, Any] = {"replies": [], "mtp": [], "mtp2": []}
     with torch.no_grad():
         for prompt in PROMPTS:
             messages = [{"role": "user", "content": prompt}]
@@ -92,29 +92,33 @@ def main(root: Path, new_tokens: int) -> dict[str, Any]:
             margin = min(_margin(step[0]) for step in gen.logits)
             out["replies"].append({"prompt": prompt, "reply": reply, "margin": margin})
             hidden = model.model(seq).last_hidden_state  # after the final norm, as vLLM passes it
-            embed = model.model.embed_tokens(seq[:, 1:])
-            x = torch.cat(
-                [
-                    norms["pre_fc_norm_embedding"](embed),
-                    norms["pre_fc_norm_hidden"](hidden[:, :-1]),
-                ],
-                dim=-1,
-            )
-            x = torch.nn.functional.linear(x, mtp["fc.weight"])
-            pos = torch.arange(x.shape[1]).unsqueeze(0)
-            y = layer(x, position_embeddings=model.model.rotary_emb(x, pos), position_ids=pos)
-            y = y[0] if isinstance(y, tuple) else y
-            logits = model.lm_head(norms["norm"](y))[0, :-1]  # drafting seq[t + 2]
             start = ids.shape[1] - 1
-            got, want = logits[start:].argmax(-1), seq[0, 2:][start:]
-            out["mtp"].append(
-                {
-                    "prompt": prompt,
-                    "drafts": int(want.numel()),
-                    "accepted": int((got == want).sum()),
-                    "margin": min(_margin(row) for row in logits[start:]),
-                }
-            )
+            # Position 1 drafts seq[t + 2] from the target's hidden state at t and seq[t + 1];
+            # position 2 drafts seq[t + 3] from the head's own (normed) output at t and position
+            # 1's draft, taken as right (only then does vLLM count position 2 as accepted).
+            for position in (1, 2):
+                embed = model.model.embed_tokens(seq[:, position:])
+                x = torch.cat(
+                    [
+                        norms["pre_fc_norm_embedding"](embed),
+                        norms["pre_fc_norm_hidden"](hidden[:, : embed.shape[1]]),
+                    ],
+                    dim=-1,
+                )
+                x = torch.nn.functional.linear(x, mtp["fc.weight"])
+                pos = torch.arange(position - 1, position - 1 + x.shape[1]).unsqueeze(0)
+                y = layer(x, position_embeddings=model.model.rotary_emb(x, pos), position_ids=pos)
+                hidden = norms["norm"](y[0] if isinstance(y, tuple) else y)
+                logits = model.lm_head(hidden)[0, :-1]  # drafting seq[t + position + 1]
+                got, want = logits[start:].argmax(-1), seq[0, position + 1 :][start:]
+                out["mtp" if position == 1 else "mtp2"].append(
+                    {
+                        "prompt": prompt,
+                        "drafts": int(want.numel()),
+                        "accepted": int((got == want).sum()),
+                        "margin": min(_margin(row) for row in logits[start:]),
+                    }
+                )
     return out
 
 

@@ -253,8 +253,9 @@ def test_a_wide_model_still_answers_its_script(vllm_python: str, tmp_path: Path)
     """Issue 19: at mid-hybrid-mtp's width (hidden 4096; 2 layers here, one GDN and one attention,
     for time) the random layers, scaled by residual_scale, leave the wiring in charge: the greedy
     chat replies follow the script and the MTP head, run as vLLM runs it, drafts every next token
-    at the first two draft positions, each with a wide logit margin. Unscaled, this 2-layer model's head missed 3-5 of 23 drafts
-    and the 8-layer mid model answered reserved tokens (docs/GPU.md section 2b)."""
+    at the first two draft positions, each with a wide logit margin. Unscaled, this 2-layer
+    model's head missed 3-5 of 23 drafts and the 8-layer mid model answered reserved tokens
+    (docs/GPU.md section 2b)."""
     arch = {**profile_arch("mid-hybrid-mtp"), "num_hidden_layers": 2, "full_attention_interval": 2}
     arch_file = tmp_path / "arch.json"
     arch_file.write_text(json.dumps(arch))

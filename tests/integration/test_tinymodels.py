@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -27,6 +28,9 @@ from tests.support import vllm_server
 from vfleet.paths import hostside_script
 
 SCRIPT = hostside_script("tinymodels")
+#: Smallest logit margin the wide model must keep (measured 14.1 in replies, 12.7 in drafts;
+#: 0.1-0.4 and 0.03 before issue 19's scaling, where the head missed drafts).
+MARGIN = 8.0
 GENERATORS = ("tiny-dense", "tiny-hybrid-mtp")
 MTP_HEAD_KEYS = {
     "mtp.fc.weight",
@@ -242,6 +246,44 @@ def test_force_replaces_existing(vllm_python: str, tmp_path: Path) -> None:
     assert not (dest / "stale.txt").exists()
     assert (dest / "vfleet-model.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["arch.json", "model"]
+
+
+@needs_vllm_py
+def test_a_wide_model_still_answers_its_script(vllm_python: str, tmp_path: Path) -> None:
+    """Issue 19: at mid-hybrid-mtp's width (hidden 4096; 2 layers here, one GDN and one attention,
+    for time) the random layers, scaled by residual_scale, leave the wiring in charge: the greedy
+    chat replies follow the script and the MTP head, run as vLLM runs it, drafts every next token
+    at the first two draft positions, each with a wide logit margin. Unscaled, this 2-layer
+    model's head missed 3-5 of 23 drafts and the 8-layer mid model answered reserved tokens
+    (docs/GPU.md section 2b)."""
+    arch = {**profile_arch("mid-hybrid-mtp"), "num_hidden_layers": 2, "full_attention_interval": 2}
+    arch_file = tmp_path / "arch.json"
+    arch_file.write_text(json.dumps(arch))
+    model = tmp_path / "model"
+    try:
+        proc = run_script(vllm_python, "tiny-hybrid-mtp", model, "--arch-json", arch_file)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        check = subprocess.run(
+            [vllm_python, str(REPO / "tests" / "support" / "wiring_check.py"), str(model), "24"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(model, ignore_errors=True)  # 1.9 GB
+    assert check.returncode == 0, check.stderr[-4000:]
+    result = json.loads(check.stdout)
+    script = "<think> Random weights, no real thoughts</think>\n\n The quick brown fox jumps over"
+    for reply in result["replies"]:
+        assert reply["reply"].startswith(script), reply
+        assert reply["margin"] > MARGIN, reply
+    for mtp in result["mtp"]:
+        assert mtp["accepted"] == mtp["drafts"] == 23, mtp
+        assert mtp["margin"] > MARGIN, mtp
+    for mtp in result["mtp2"]:  # the second draft position: the head fed its own output
+        assert mtp["accepted"] == mtp["drafts"] == 22, mtp
+        assert mtp["margin"] > MARGIN, mtp
 
 
 # --------------------------------------------------------------------------------------------

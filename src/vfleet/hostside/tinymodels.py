@@ -8,7 +8,8 @@ Two generators, both meant to be served by a real vLLM build (tested with vllm-c
   attention every ``full_attention_interval``-th layer, MoE MLPs) plus the ``mtp.*`` weights of
   a multi-token-prediction layer, which transformers does not save, so MTP speculation runs.
 
-All decoder layers keep random weights; only the embedding, the LM head and ``mtp.fc`` are
+All decoder layers keep random weights (above the tiny width their output projections are
+scaled down, see :func:`residual_scale`); only the embedding, the LM head and ``mtp.fc`` are
 wired so that greedy decoding follows a fixed script with a wide logit margin (see ``_SCRIPT``):
 the output is readable, identical with and without speculative decoding (bf16 kernel noise
 cannot flip a choice), and speculation has something to accept (ngram and MTP alike). With
@@ -727,10 +728,12 @@ def _wire_script(
     seed: int,
     design: DraftDesign | None = None,
     garbage: int = 0,
+    scale: float = 1.0,
 ) -> None:
     """Give the embedding / LM head the scripted next-token map (in place, float32).
 
-    Embeddings become N(0, 1) rows (the random decoder layers add only ~0.1-0.3 RMS on top), and
+    Embeddings become N(0, 1) rows (the random decoder layers add only ~0.1-0.3 RMS on top at
+    the tiny width, and are scaled down above it: :func:`residual_scale`), and
     the LM head row of token b is the sum of the unit embeddings of the tokens a with
     chain[a] == b, scaled so that logit(b | a) ~= _LOGIT_MARGIN after the final RMSNorm.
 
@@ -748,6 +751,8 @@ def _wire_script(
     gen = torch.Generator().manual_seed(seed + 2)
     embed.copy_(torch.randn(embed.shape, generator=gen, dtype=torch.float32))
     head.copy_(torch.randn(head.shape, generator=gen, dtype=torch.float32) * 0.02)
+    if scale != 1.0:  # its noise logits (0.02 x sqrt(hidden)) would eat the margin likewise
+        head *= scale**0.5
     if design is not None:
         constant, flags = _flag_dims(hidden, len(design.rates))
         embed[:, flags] = 0.0
@@ -764,6 +769,37 @@ def _wire_script(
                 head[token, flags[j - 1]] -= penalty
         head[garbage, flags[:-1]] += penalty / 2
         head[garbage, flags[-1]] += 3 * penalty / 2
+
+
+#: The width the wiring was designed at (the tiny models' hidden_size): the random decoder layers'
+#: share of the residual stream is taken as it is there.
+_WIRING_HIDDEN = 256
+#: The decoder layers' output projections: their outputs are what a layer adds to the residual
+#: stream (attention o_proj, GDN out_proj, the MoE experts' and shared expert's down_proj).
+_OUTPUT_PROJECTIONS = ("o_proj.weight", "out_proj.weight", "down_proj", "down_proj.weight")
+
+
+def residual_scale(arch: Mapping[str, Any]) -> float:
+    """The factor on the random decoder layers' output projections: 1.0 up to _WIRING_HIDDEN.
+
+    Why: with transformers' init (std 0.02) a layer's output grows with the width (its input
+    and output projections each add sqrt(fan-in)): at hidden 256 the layers add ~0.1-0.3 RMS to
+    the N(0, 1) wired embedding, at hidden 4096 several times the embedding, and the wiring is
+    lost (the mid model answered reserved tokens, MTP acceptance 0). Scaling the output
+    projections by 256 / hidden brings the attention and GDN outputs back to about the tiny
+    model's share (the MoE's, which grows faster, to a few times it: still small next to the
+    wiring). The random parts of the wiring itself (LM head, mtp.fc: 0.02 x sqrt(fan-in) RMS)
+    get the square root of it, for the same share as at 256. Exactly 1.0 for the tiny models,
+    whose weights stay byte-identical; the manifest records it where it is not 1.0.
+    """
+    return min(1.0, _WIRING_HIDDEN / int(arch["hidden_size"]))
+
+
+def _scale_outputs(model: Any, scale: float) -> None:
+    """Multiply every decoder layer's output projections by ``scale`` (in place)."""
+    for name, param in model.named_parameters():
+        if ".layers." in name and name.endswith(_OUTPUT_PROJECTIONS):
+            param.mul_(scale)
 
 
 def _build_weights(
@@ -786,9 +822,12 @@ def _build_weights(
     dtype = getattr(torch, WEIGHT_DTYPE)
     with torch.no_grad():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        scale = residual_scale(arch)
+        if wired and scale != 1.0:
+            _scale_outputs(model, scale)
         if wired:
             garbage = _garbage_token(int(arch["vocab_size"]), chain, ids)
-            _wire_script(model, chain, seed, design, garbage)
+            _wire_script(model, chain, seed, design, garbage, scale)
         model = model.to(dtype)
         model.eval()
     _save_model(model, out)
@@ -842,6 +881,11 @@ def _rewrite_safetensors(
         dtype = getattr(torch, WEIGHT_DTYPE)
         gen = torch.Generator().manual_seed(seed + 1)
         fc = torch.randn(hidden, 2 * hidden, generator=gen, dtype=torch.float32) * 0.02
+        # Its noise (0.02 x sqrt(2 x hidden) RMS on a unit-RMS input) would outgrow the identity
+        # above the wiring's width as the layers' outputs do: keep it at that width's share.
+        scale = residual_scale(arch)
+        if wired and scale != 1.0:
+            fc *= scale**0.5
         # The input is concat(norm(embedding of the next token), norm(hidden)): pass the
         # embedding half through, so the head drafts what the scripted main model will say.
         if wired:
@@ -934,7 +978,12 @@ def _manifest(
     wired: bool = True,
     design: DraftDesign | None = None,
 ) -> dict[str, Any]:
-    extra = {"draft_acceptance": _design_record(design)} if design is not None else {}
+    extra: dict[str, Any] = {}
+    if design is not None:
+        extra["draft_acceptance"] = _design_record(design)
+    scale = residual_scale(arch) if wired else 1.0
+    if scale != 1.0:  # only where applied, so that the tiny models' manifests stay as they were
+        extra["residual_scale"] = scale
     return {
         **extra,
         "builder": "vfleet.hostside.tinymodels",
@@ -977,6 +1026,8 @@ def manifest_matches(
         and manifest.get("seed") == seed
         and manifest.get("wired", True) == wired
         and _manifest_rates(manifest) == (list(draft_acceptance) if draft_acceptance else None)
+        # A build from before the scaling (same arch, same builder version) must not pass.
+        and manifest.get("residual_scale", 1.0) == (residual_scale(wanted) if wired else 1.0)
         and manifest.get("arch") == wanted
         and isinstance(manifest.get("files"), dict)
     )

@@ -450,3 +450,30 @@ def test_the_role_seeds_empty_caches_once_and_skips_a_mismatch(tmp_path: Path) -
     assert "skipped: made on src" in r.stdout and "does not match: cache_dir" in r.stdout
     assert "changed=0" in r.stdout
     assert not Path(other.dirs.cache).exists()
+
+
+def test_the_role_stops_in_preflight_on_an_unreadable_seed(tmp_path: Path) -> None:
+    """Preflight from its cache seed check on (the checks before it need a real host): an
+    unreadable seed fails there with the file and the fix."""
+    p = seeded_plan(tmp_path, tmp_path / "missing.tar")
+    (tmp_path / "vars.json").write_text(
+        json.dumps({"_vfleet_plan": p.as_dict(), "_vfleet_as_root": False})
+    )
+    play = tmp_path / "play.yml"
+    play.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.import_role:\n"
+        "        name: vfleet\n        tasks_from: preflight\n"
+    )
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         "-e", f"@{tmp_path / 'vars.json'}",
+         "--start-at-task", "Require a readable cache seed", str(play)],
+        cwd=REPO / "ansible", capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout[-3000:]
+    failed = r.stdout.split("fatal:")[0].rsplit("TASK [", 1)[-1].split("]")[0]
+    assert failed == "vfleet : Require a readable cache seed", r.stdout[-3000:]
+    assert f"error: {tmp_path / 'missing.tar'}: vfleet_cache_seed: cache seed not found" in r.stdout
+    assert "vfleet caches pack HOST --out FILE.tar" in r.stdout

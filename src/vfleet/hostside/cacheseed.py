@@ -197,7 +197,7 @@ def unpack(req: dict[str, Any]) -> dict[str, Any]:
             os.chmod(target, m.mode & 0o755 | 0o600)
             if owner:
                 os.chown(target, *owner)
-            # Kept: FlashInfer's JIT (ninja) decides from mtimes whether to build again.
+            # Kept: ninja (FlashInfer's JIT) compares mtimes; these say when it was built.
             os.utime(target, (m.mtime, m.mtime))
             files += 1
             size += m.size

@@ -33,6 +33,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 import urllib.request
@@ -51,6 +52,7 @@ from tests.support.cases import HOSTILE
 from tests.support.vllm_server import vllm_python, vllm_venv
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
+from vfleet.render.cache_seed import read_manifest
 from vfleet.render.plan import plan
 
 pytestmark = pytest.mark.hosts
@@ -1300,6 +1302,99 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
         r"^(vfleet_spec_decode_(?:recommended|running)_depth\S*) (\S+)$", exported, re.M
     )
     record("tune_depth_advice", {"winner": depth, "sidecar": advice})
+
+
+def _probe_seconds(fleet: Fleet, test: str, host: str) -> list[float]:
+    """How long each deploy's "Probe until ready" took on host in this test (the start, ready
+    and warm: under pm2 the start task returns at once and this wait is the start)."""
+    rows = [
+        json.loads(line)
+        for f in sorted(fleet.logs.glob(f"task-times-{test}.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.strip()
+    ]
+    return [
+        round(r["end"] - r["start"], 1)
+        for r in rows
+        if r["host"] == host and r["task"].endswith("Probe until ready")
+    ]
+
+
+def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """`vfleet caches pack node1`, then node2's first start from empty caches twice: once
+    without a seed (cold), once deployed with vfleet_cache_seed. The seed lands (owned by the
+    service user), its bytecode is read as it is (not compiled again: pip gave node2's venv
+    other mtimes, and the packed pycs are hash-checked) and the start to ready and warm is
+    faster than the cold one. Both starts come after node2's earlier starts, so the page cache
+    holds its venv in both. Eager mode here (fixture): torch.compile is not part of it.
+    Before the host-loss test (it leaves node1 down); it needs the fleet deployed
+    (test_fleet_deploy_serves_on_both_hosts)."""
+    node2 = fleet.nodes["node2"]
+    dirs = plan("cpu", MODEL).dirs
+    seed = tmp_path / "node1-caches.tar"
+    t0 = time.monotonic()
+    packed = subprocess.run(
+        [VFLEET, "caches", "pack", "node1", "-i", str(fleet.inventory), "--out", str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    pack_s = round(time.monotonic() - t0, 1)
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    manifest = read_manifest(str(seed))
+    assert manifest["source_host"] == "node1" and manifest["accelerator"] == "cpu", manifest
+    assert manifest["pyc"]["converted"] > 1000, manifest["pyc"]  # the venv's bytecode
+    # Bytecode node2's start reads for sure: torch's and vLLM's package modules.
+    with tarfile.open(seed) as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if re.search(r"/site-packages/(torch|vllm)/__init__\.cpython-\d+\.pyc$", m.name)
+        ]
+        assert len(members) == 2, [m.name for m in members]
+        want = {}
+        for m in members:
+            fh = tar.extractfile(m)
+            assert fh is not None
+            want[dirs.cache + m.name.removeprefix("cache")] = hashlib.sha256(fh.read()).hexdigest()
+    test = "test_a_cache_seed_from_node1_makes_node2s_first_start_faster"
+
+    def first_start(*ansible_args: str) -> subprocess.CompletedProcess[str]:
+        proc = make(fleet, "stop", "HOST=node2")
+        assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+        caches = f"{dirs.cache} {dirs.home}/.cache"
+        node2.host.run(f"find {caches} -mindepth 1 -delete", check=False)
+        left = node2.host.run(f"find {caches} -type f 2>/dev/null | wc -l").stdout
+        assert int(left) == 0, left
+        proc = make(fleet, "deploy", "HOST=node2", ansible_args=" ".join(ansible_args))
+        assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+        assert chat(node2.port)[0] == 200
+        return proc
+
+    first_start()
+    seeded = first_start("-e", f"vfleet_cache_seed={seed}")
+    cold_s, seeded_s = _probe_seconds(fleet, test, "node2")[-2:]
+    record(
+        "cache_seed_node2_first_start",
+        {"cold_s": cold_s, "seeded_s": seeded_s, "pack_s": pack_s,
+         "seed_mib": round(seed.stat().st_size / 2**20, 1), "pyc": manifest["pyc"]},
+    )  # fmt: skip
+    out = seeded.stdout.replace('\\"', '"')
+    assert '"unpacked": true' in out, out[-3000:]
+    # The seed's bytecode is on node2, the service user's, and the start read it unchanged
+    # (a stale pyc would have been written again).
+    got = node2.host.run("sha256sum " + " ".join(want)).stdout.split()
+    assert dict(zip(got[1::2], got[0::2], strict=True)) == want
+    owners = node2.host.run("stat -c %U " + " ".join(want)).stdout.split()
+    assert owners == ["vfleet"] * len(want), owners
+    assert seeded_s < 0.9 * cold_s, (cold_s, seeded_s)
+    # A redeploy: the caches hold files now; the seed is not unpacked again.
+    proc = make(fleet, "deploy", "HOST=node2", ansible_args=f"-e vfleet_cache_seed={seed}")
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    assert recap(proc.stdout, "node2")["changed"] == 0, proc.stdout[-3000:]
 
 
 @pytest.mark.ci

@@ -30,6 +30,7 @@ options:
   host_name: {description: the host's inventory name}
   gpu_topology: {description: "`nvidia-smi topo -m` as read on the host (empty: not known)"}
   api_key_file: {description: "file on the controller holding the API key (mode 0600; empty: none)"}
+  cache_seed: {description: "a cache seed tar on the controller (vfleet caches pack; empty: none)"}
 """
 
 

@@ -37,6 +37,7 @@ from vfleet.engine.planner import alternatives, arch_from_config, plan_launch
 from vfleet.engine.rules import RULES
 from vfleet.errors import VfleetError
 from vfleet.fleet.balancer import add_parser as add_balancer_parser
+from vfleet.fleet.caches import add_parser as add_caches_parser
 from vfleet.fleet.doctor import add_parser as add_doctor_parser
 from vfleet.fleet.perfgate_run import add_parser as add_perfgate_parser
 from vfleet.fleet.releases import add_parser as add_releases_parser
@@ -701,6 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(sub)
     add_doctor_parser(sub)
     add_releases_parser(sub)
+    add_caches_parser(sub)
     add_swap_parser(sub)
     add_tune_parser(sub)
     add_perfgate_parser(sub)

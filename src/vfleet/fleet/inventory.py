@@ -133,25 +133,31 @@ def become(hv: dict[str, Any], host: str) -> list[str]:
     return ["sudo", "-n", *(["-u", str(user)] if user and user != "root" else [])]
 
 
-def run_hostfacts(host: str, hv: dict[str, Any], req: Request, python: str) -> dict[str, Any]:
-    """hostfacts.py's JSON from ``host``. VfleetError (exit 2) when it cannot be had."""
-    payload = json.dumps(req)
+def script_argv(
+    host: str, hv: dict[str, Any], python: str, script: Path, args: list[str]
+) -> tuple[list[str], str | None, str]:
+    """How to run a host-side script on ``host`` with ``args``: argv, what goes on its stdin
+    (the script itself, over ssh) and how to name the target in messages."""
     connection = literal(hv, "ansible_connection", host) or "ssh"
     sudo = become(hv, host)
     if connection == "local":
-        argv, stdin = [*sudo, python, str(HOSTFACTS), payload], None
-        target = "this machine"
-    elif connection in ("ssh", "smart"):
+        return [*sudo, python, str(script), *args], None, "this machine"
+    if connection in ("ssh", "smart"):
         # The script travels on stdin: nothing is copied to or left on the host.
-        remote = shlex.join([*sudo, python, "-", payload])
-        argv = [*ssh_argv(host, hv), remote]
-        stdin, target = HOSTFACTS.read_text(encoding="utf-8"), argv[-2]
-    else:
-        raise VfleetError(
-            f"ansible_connection {connection!r} is not supported",
-            where=f"inventory host {host}",
-            fix="the doctor runs over ssh or locally (ansible_connection: ssh or local)",
-        )
+        argv = [*ssh_argv(host, hv), shlex.join([*sudo, python, "-", *args])]
+        return argv, script.read_text(encoding="utf-8"), argv[-2]
+    raise VfleetError(
+        f"ansible_connection {connection!r} is not supported",
+        where=f"inventory host {host}",
+        fix="vfleet reaches hosts over ssh or locally (ansible_connection: ssh or local)",
+    )
+
+
+def run_hostfacts(host: str, hv: dict[str, Any], req: Request, python: str) -> dict[str, Any]:
+    """hostfacts.py's JSON from ``host``. VfleetError (exit 2) when it cannot be had."""
+    connection = literal(hv, "ansible_connection", host) or "ssh"
+    sudo = become(hv, host)
+    argv, stdin, target = script_argv(host, hv, python, HOSTFACTS, [json.dumps(req)])
     try:
         r = subprocess.run(
             argv, input=stdin, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False

@@ -32,6 +32,9 @@ from vfleet.engine.decisions import DraftVocabBuild
 from vfleet.engine.rules import API_KEY_ENV
 from vfleet.errors import VfleetError
 from vfleet.hostside.hostfacts import parse_env
+from vfleet.render.cache_seed import CacheSeed, identity
+from vfleet.render.cache_seed import cache_seed as read_cache_seed
+from vfleet.render.cache_seed import roots as seed_roots
 from vfleet.render.monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
 from vfleet.render.release import (
     context,
@@ -110,6 +113,8 @@ class Dirs:
     """Log folder of all instances."""
     cache: str
     """Compile caches of the instance."""
+    home: str
+    """The instance's HOME (launch.sh and the unit set it): libraries' caches under ~."""
     bin: str
     """vfleet's scripts on the host."""
     wheels: str
@@ -251,6 +256,18 @@ class Plan:
     gives every kept release the current values (or none), so none keeps a replaced key."""
     sets: list[str]
     """The settings the plan was made with (key=value; the API key file's key included)."""
+    cache_seed: CacheSeed | None = None
+    """vfleet_cache_seed's verdict for this plan (render.cache_seed); None when none given."""
+
+    def cache_identity(self) -> dict[str, Any]:
+        """What a cache seed of this instance says it was made with (render.cache_seed)."""
+        return identity(
+            self.software.stack_name,
+            self.software.stack,
+            self.accelerator,
+            self.dirs.cache,
+            self.dirs.home,
+        )
 
     def file(self, name: str) -> str:
         """A rendered file's content (StopIteration when the release has none)."""
@@ -315,6 +332,7 @@ class Plan:
             "release_secret_env": list(self.release_secret_env),
             "pm2": asdict(self.pm2),
             "sets": list(self.sets),
+            "cache_seed": asdict(self.cache_seed) if self.cache_seed else None,
         }
 
     @classmethod
@@ -372,6 +390,7 @@ class Plan:
             secret_env=list(d["secret_env"]),
             release_secret_env=list(d["release_secret_env"]),
             sets=list(d["sets"]),
+            cache_seed=CacheSeed(**d["cache_seed"]) if d.get("cache_seed") else None,
         )
 
 
@@ -387,7 +406,10 @@ def plan(
     host_name: str = HostVars().name,
     gpu_topology: str = "",
     api_key_file: str | None = None,
+    cache_seed: str | None = None,
 ) -> Plan:
+    """The deploy plan of one instance. `cache_seed`: a seed tar on this machine
+    (vfleet_cache_seed), judged against the plan (render.cache_seed)."""
     sets = list(sets or [])
     if api_key_file:
         if any(s.startswith("api_key=") for s in sets):
@@ -421,6 +443,9 @@ def plan(
     stack = launch.stack
     instance_dir = h.instance_dir(inst)
     sidecar_port = launch.decisions.sidecar_port
+    cache_dir = h.cache_dir(inst)
+    # launch.sh's HOME (render.release's home_dir).
+    home_dir = f"{instance_dir}/home"
     return Plan(
         release_id=rid,
         instance=inst,
@@ -449,7 +474,8 @@ def plan(
             previous=f"{instance_dir}/previous",
             state=f"{instance_dir}/state",
             logs=f"{h.base_dir}/logs",
-            cache=h.cache_dir(inst),
+            cache=cache_dir,
+            home=home_dir,
             bin=f"{h.base_dir}/bin",
             wheels=f"{h.base_dir}/wheels",
             models=f"{h.base_dir}/models",
@@ -493,7 +519,14 @@ def plan(
         secret_env=[e.key for e in launch.env if e.secret],
         release_secret_env=sorted({*(e.key for e in launch.env if e.secret), API_KEY_ENV}),
         sets=sets,
+        cache_seed=(_cache_seed(cache_seed, launch, cache_dir, home_dir) if cache_seed else None),
     )
+
+
+def _cache_seed(path: str, launch: Launch, cache_dir: str, home_dir: str) -> CacheSeed:
+    acc = launch.profile.accelerator
+    want = identity(launch.stack_name, launch.stack, acc, cache_dir, home_dir)
+    return read_cache_seed(path, want, seed_roots(cache_dir, home_dir))
 
 
 def prometheus_plan(

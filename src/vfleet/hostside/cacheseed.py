@@ -53,6 +53,26 @@ def _walk(root: Path) -> Iterator[Path]:
                 yield p
 
 
+def _ns_text(ns: int) -> str:
+    """A pax mtime with all nine decimals: tarfile's float keeps about seven."""
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+
+
+def member_mtime_ns(m: tarfile.TarInfo) -> int:
+    """The member's mtime to the nanosecond, read from its pax text where there is one.
+
+    Why exact: ninja (FlashInfer's JIT) takes an output whose mtime is newer than the one its
+    deps log recorded as "stored deps info out of date" and rebuilds it. tarfile reads a pax
+    mtime into a float, which lands up to ~100 ns off: seen with ninja 1.11.1 here, and on the
+    H200 a seed unpacked that way at the same path paid FlashInfer's JIT again (docs/CACHES.md).
+    """
+    text = m.pax_headers.get("mtime")
+    if text:
+        sec, _, frac = text.partition(".")
+        return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
+    return int(m.mtime) * 1_000_000_000
+
+
 def checked_hash_pyc(pyc: Path, data: bytes) -> bytes | None:
     """`data` (the pyc's bytes) as a checked-hash pyc of its source here; None when it is not
     this Python's bytecode of the source as it is now (stale, or its source gone)."""
@@ -110,7 +130,9 @@ def pack(req: dict[str, Any], out: IO[bytes]) -> dict[str, Any]:
                     pyc["converted" if new is not data else "kept"] += 1
                     data = new
                 info = tarfile.TarInfo(arcname)
-                info.size, info.mode, info.mtime = len(data), st.st_mode & 0o755, st.st_mtime
+                info.size, info.mode = len(data), st.st_mode & 0o755
+                info.mtime = st.st_mtime_ns // 1_000_000_000
+                info.pax_headers = {"mtime": _ns_text(st.st_mtime_ns)}
                 tar.addfile(info, io.BytesIO(data))
                 sizes[name]["files"] += 1
                 sizes[name]["bytes"] += len(data)
@@ -197,8 +219,9 @@ def unpack(req: dict[str, Any]) -> dict[str, Any]:
             os.chmod(target, m.mode & 0o755 | 0o600)
             if owner:
                 os.chown(target, *owner)
-            # Kept: ninja (FlashInfer's JIT) compares mtimes; these say when it was built.
-            os.utime(target, (m.mtime, m.mtime))
+            # Kept to the nanosecond: ninja (FlashInfer's JIT) compares them (member_mtime_ns).
+            ns = member_mtime_ns(m)
+            os.utime(target, ns=(ns, ns))
             files += 1
             size += m.size
     return {"unpacked": True, "files": files, "bytes": size}

@@ -25,6 +25,13 @@ MANIFEST = "vfleet-cache-seed.json"
 FORMAT = 1
 # FlashInfer's JIT builds under ~/.cache/flashinfer; launch.sh sets HOME to the instance's.
 FLASHINFER_UNDER_HOME = ".cache/flashinfer"
+# The mtime the role gives every non-Python file of the venv after an install, on every host
+# (2000-01-01). ninja, which FlashInfer's JIT runs at each load, rebuilds an output older than
+# any of its inputs, and pip stamps each file it installs with the install time: without a
+# fixed time a fresh host's venv headers are newer than any seed's JIT objects. Python sources
+# keep theirs: a timestamp pyc checks mtime and size, and a changed file of the same size under
+# a fixed mtime would pass for the old one.
+VENV_FILE_TIME = 946_684_800
 # What a seed must share with the host's plan to be unpacked, in the order mismatches are told.
 MATCHED = ("format", "stack", "vllm", "torch", "python", "accelerator", "cache_dir", "home_dir")
 

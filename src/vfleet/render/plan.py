@@ -32,7 +32,7 @@ from vfleet.engine.decisions import DraftVocabBuild
 from vfleet.engine.rules import API_KEY_ENV
 from vfleet.errors import VfleetError
 from vfleet.hostside.hostfacts import parse_env
-from vfleet.render.cache_seed import CacheSeed, identity
+from vfleet.render.cache_seed import VENV_FILE_TIME, CacheSeed, identity
 from vfleet.render.cache_seed import cache_seed as read_cache_seed
 from vfleet.render.cache_seed import roots as seed_roots
 from vfleet.render.monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrape_target
@@ -87,6 +87,10 @@ class Software:
     """Packages removed from the venv after the install."""
     os_packages: list[str]
     """Debian packages the hardware profile needs on the host."""
+    file_time: int = VENV_FILE_TIME
+    """The mtime (epoch seconds) the role gives every non-Python file of the venv after an
+    install: the same on every host, so a cache seed's JIT objects stay newer than their
+    inputs (render.cache_seed.VENV_FILE_TIME)."""
 
 
 @dataclass(frozen=True)
@@ -300,6 +304,7 @@ class Plan:
             "start_timeout_s": self.service.start_timeout_s,
             "packages": list(self.software.packages),
             "remove_packages": list(self.software.remove_packages),
+            "venv_file_time": self.software.file_time,
             "healthcheck_version": self.versions.healthcheck,
             "plugin_version": self.versions.plugin,
             "dirs": asdict(self.dirs),
@@ -355,6 +360,7 @@ class Plan:
                 packages=list(d["packages"]),
                 remove_packages=list(d["remove_packages"]),
                 os_packages=list(d["os_packages"]),
+                file_time=int(d["venv_file_time"]),
             ),
             dirs=Dirs(**d["dirs"]),
             model=ModelPlan(

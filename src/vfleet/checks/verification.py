@@ -169,8 +169,8 @@ RECORDS: tuple[StackRecord, ...] = (
                 "(draft-prune=on, K=512 of 1024 / 16,384 of 32,768, model checks at load); greedy "
                 "output identical with draft-prune on and off. With a table that covers the "
                 "replies (acceptance 0.985) decode was 358 -> 223 tok/s (tiny) and 342 -> 239 "
-                "(mid): a fixed overhead per draft call outweighs the pruned head on an H200 "
-                f"({H200_RUN})",
+                "(mid) in runs where plugin-on always started second, from plugin-off's AOT "
+                f"compile artefact: the cause is not established ({H200_RUN})",
             ),
             Claim(
                 "restart caches",

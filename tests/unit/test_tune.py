@@ -424,15 +424,18 @@ def test_step_times_are_the_winners_neighbours_in_depth_and_land_on_the_host(
     from vfleet.fleet.tune import Target, step_times, write_step_times
 
     state = State(ident(), 1)
-    for key, picks, step in (
-        ("depth=1 chunk=a", {"depth": "1", "chunk": "a"}, 0.010),
-        ("depth=2 chunk=a", {"depth": "2", "chunk": "a"}, 0.012),
-        ("depth=2 chunk=b", {"depth": "2", "chunk": "b"}, 0.020),  # another chunk: not used
-        ("depth=3 chunk=a", {"depth": "3", "chunk": "a"}, None),  # no step time measured
+    for key, picks, step, accept in (
+        ("depth=0 chunk=a", {"depth": "0", "chunk": "a"}, 0.008, None),  # no speculation
+        ("depth=1 chunk=a", {"depth": "1", "chunk": "a"}, 0.010, 0.72),
+        ("depth=2 chunk=a", {"depth": "2", "chunk": "a"}, 0.012, 0.42),
+        ("depth=2 chunk=b", {"depth": "2", "chunk": "b"}, 0.020, 0.9),  # another chunk: not used
+        ("depth=3 chunk=a", {"depth": "3", "chunk": "a"}, None, 0.28),  # no step time measured
     ):
-        state.add(Result(key, picks, [], "measured", measurement=measured(9, step_time_s=step)))
+        m = measured(9, step_time_s=step, acceptance_rate=accept)
+        state.add(Result(key, picks, [], "measured", measurement=m))
     winner = state.results["depth=2 chunk=a"]
-    assert step_times(state, winner) == {1: 0.010, 2: 0.012}
+    # Accepted per draft = depth x acceptance rate (accepted / draft tokens).
+    assert step_times(state, winner) == ({0: 0.008, 1: 0.010, 2: 0.012}, {1: 0.72, 2: 0.84})
     # A host reached locally (ansible_connection: local): the file lands in its instance folder.
     base = tmp_path / "vfleet"
     launch = resolve("cpu", "tiny-hybrid-mtp", host=HostVars(base_dir=str(base)))
@@ -442,9 +445,10 @@ def test_step_times_are_the_winners_neighbours_in_depth_and_land_on_the_host(
     out = tmp_path / "out"
     out.mkdir()
     said = write_step_times(t, state, winner, BenchPlan(), out)
-    assert said is not None and said["not_copied"] is None and said["depths"] == [1, 2]
+    assert said is not None and said["not_copied"] is None and said["depths"] == [0, 1, 2]
     on_host = load_step_times(base / "instances" / "main" / "step-times.json")
-    assert dict(on_host.seconds_per_step) == {1: 0.010, 2: 0.012} and on_host.concurrency == 1
+    assert dict(on_host.seconds_per_step) == {0: 0.008, 1: 0.010, 2: 0.012}
+    assert dict(on_host.accepted_per_draft) == {1: 0.72, 2: 0.84} and on_host.concurrency == 1
     assert "vfleet tune h1" in on_host.method
     assert (out / "step-times.json").read_text() == (
         base / "instances/main/step-times.json"

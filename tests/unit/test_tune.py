@@ -480,3 +480,43 @@ def test_the_bench_sends_the_key_from_the_inventorys_key_file(tmp_path: Path) ->
     with pytest.raises(VfleetError) as err:
         _ = t.api_key
     assert str(key) in str(err.value.where) or str(key) in str(err.value)
+
+
+def test_the_rollout_gate_renders_a_release_without_speculative_decoding(tmp_path: Path) -> None:
+    """Seen on the fleet: tune's rollout of depth 0 (`speculative.method=none`: no
+    speculative-config in vllm.yaml) failed the swap's gate task ("object of type 'dict' has no
+    attribute 'speculative-config'"), so the winner was rolled back. swap.yml's own expression,
+    templated by Ansible for vllm.yaml with and without it."""
+    plays = yaml.safe_load((REPO / "ansible" / "swap.yml").read_text())
+
+    def tasks(node: object) -> list[dict[str, object]]:
+        if isinstance(node, list):
+            return [t for n in node for t in tasks(n)]
+        if isinstance(node, dict):
+            found = [node] if "name" in node and "vars" in node else []
+            return found + [t for v in node.values() for t in tasks(v)]
+        return []
+
+    gate = next(t for t in tasks(plays) if "(performance gate)" in str(t["name"]))
+    expression = gate["vars"]["_vfleet_perf_spec"]  # type: ignore[index]
+    play = [{
+        "hosts": "localhost", "gather_facts": False,
+        "tasks": [{
+            "name": "spec", "ansible.builtin.debug": {"msg": "[{{ _vfleet_perf_spec }}]"},
+            "vars": {"_vfleet_perf_args": "{{ item | from_yaml }}",
+                     "_vfleet_perf_spec": expression},
+            "loop": ["model: m\nport: 1\n",
+                     "model: m\nspeculative-config:\n  num_speculative_tokens: 2\n  method: mtp\n"],
+        }],
+    }]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    proc = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         str(tmp_path / "play.yml")],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"), "PATH": "/usr/bin:/bin",
+             "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '"msg": "[]"' in proc.stdout  # no speculation: --speculative ''
+    assert '"msg": "[method=mtp,num_speculative_tokens=2]"' in proc.stdout

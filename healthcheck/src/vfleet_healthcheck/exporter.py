@@ -619,7 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         type=Path,
-        help="sidecar.json rendered by vfleet (identity labels, versions, release)",
+        help="sidecar.json rendered by vfleet (identity labels, versions, release, MTP "
+        "depth); read again whenever the file it names changes (a swap repoints current)",
     )
     p.add_argument(
         "--label",

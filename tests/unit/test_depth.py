@@ -86,6 +86,51 @@ def test_running_at_three_the_fourth_position_is_guessed_low() -> None:
     assert rec.recommended_depth == 2
 
 
+# What `vfleet tune` measured on node1 of the fleet test (docs/TUNE.md, run 3: the falling model
+# 0.9,0.15,0.05,0.02, decode at concurrency 1): seconds per step, and depth x acceptance rate.
+TUNED = StepTimes(
+    {0: 0.0073, 1: 0.0104, 2: 0.0116, 3: 0.0132, 4: 0.0140},
+    "2026-12-01T21:57:00Z",
+    "vfleet tune node1 (fleet test, run 3)",
+    accepted_per_draft={1: 0.72, 2: 0.84, 3: 0.84, 4: 0.84},
+)
+
+
+def test_past_the_running_depth_the_tables_acceptance_carries_the_recommendation() -> None:
+    """Seen on the fleet: tune measured depth 1 best and rolled it out; the sidecar, running
+    depth 1 with r1 = 0.72, recommended depth 2: the decline extrapolation guessed r2 = 0.37
+    where tune measured 0.12 (A(2) - A(1)). With the table's acceptance it agrees with tune."""
+    guessing = StepTimes(TUNED.seconds_per_step, TUNED.measured_at, TUNED.method)
+    assert recommend([0.72], 1, guessing).recommended_depth == 2  # what the sidecar said
+    rec = recommend([0.72], 1, TUNED)
+    assert rec.recommended_depth == 1 and rec.gain == 0.0
+    two = rec.estimate(2)
+    assert two is not None and two.extrapolated == 1
+    assert two.rates == pytest.approx((0.72, 0.72 * 0.12 / 0.72))  # c2 = 0.12 / 0.72
+    assert rec.estimate(4).rates[2:] == (0.0, 0.0)  # type: ignore[union-attr]
+    # Live acceptance moves the table's positions with it: a better first position (0.9)
+    # keeps tune's conditional (1/6) at the second.
+    assert recommend([0.9], 1, TUNED).estimate(2).rates[1] == pytest.approx(0.15)  # type: ignore[union-attr]
+    # The same answer whatever depth runs, where tune measured it: every position is live at 4.
+    assert recommend([0.72, 0.12, 0.0, 0.0], 4, TUNED).recommended_depth == 1
+
+
+def test_table_conditionals_are_clipped_and_missing_depths_fall_back_to_the_guess() -> None:
+    from vfleet_healthcheck.depth import table_conditional
+
+    noisy = {1: 0.5, 2: 1.2, 3: 1.1, 4: 1.3}  # counts of separate runs: not monotone
+    assert table_conditional({1: 0.72, 2: 0.84}, 2) == pytest.approx(0.12 / 0.72)
+    assert table_conditional(noisy, 2) == 1.0  # 0.7 / 0.5: never likelier than the one before
+    assert table_conditional(noisy, 3) == 0.0  # A fell: nothing more was accepted
+    assert table_conditional(noisy, 4) == 0.0  # after a position with nothing, nothing
+    assert table_conditional({2: 0.8}, 2) is None  # A(1) missing
+    # A table without depth 3's acceptance: position 3 is guessed from the decline so far.
+    rates, unmeasured = extrapolate([0.8], 3, {1: 0.8, 2: 1.2})
+    assert unmeasured == 2
+    assert rates[1] == pytest.approx(0.4)  # the table: c2 = 0.4 / 0.8
+    assert rates[2] == pytest.approx(0.4 * 0.5 * (0.5 / 0.8))  # then the decline 0.5 / 0.8
+
+
 def test_tie_goes_to_the_smaller_depth_and_gain_needs_the_running_depth() -> None:
     flat = StepTimes({1: 0.01, 2: 0.02}, "2026-12-01T16:00:00Z", "hand")
     rec = recommend([1.0, 0.0], 2, flat)  # 2 tokens / 10 ms vs 2 tokens / 20 ms
@@ -117,10 +162,16 @@ def test_step_times_round_trip_and_bad_files(tmp_path: Path) -> None:
         ({"seconds_per_step": {"2": -1}}, "seconds_per_step.2"),
         ({"seconds_per_step": {"two": 0.1}}, "seconds_per_step.two"),
         ({"seconds_per_step": {}}, "seconds_per_step"),
+        ({"accepted_per_draft": []}, "accepted_per_draft"),
+        ({"accepted_per_draft": {"0": 0.5}}, "accepted_per_draft.0"),  # depth 0 drafts nothing
+        ({"accepted_per_draft": {"2": 2.5}}, "accepted_per_draft.2"),  # more than it drafted
     ):
         path.write_text(json.dumps({**TABLE.to_json(), **change}))
         with pytest.raises(StepTimesError, match=re.escape(f"{path}: {key}")):
             load_step_times(path)
+    save_step_times(path, TUNED)  # with the acceptance tune measured beside the step times
+    assert load_step_times(path) == TUNED
+    assert json.loads(path.read_text())["accepted_per_draft"]["2"] == 0.84
     path.write_text("{")
     with pytest.raises(StepTimesError, match="not JSON"):
         load_step_times(path)
@@ -201,3 +252,49 @@ def _more_drafts(text: str) -> str:
         return line
 
     return "\n".join(bump(line) for line in text.splitlines()) + "\n"
+
+
+def test_the_sidecar_follows_a_swap_that_did_not_restart_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """systemd restarts the sidecar only when its unit or wheel changed: a swap to another
+    depth repoints `current` under it. Seen on the fleet: after `vfleet tune` rolled out depth
+    1, the sidecar still exported running depth 3 and the first release's id. It reads
+    sidecar.json again when the file behind `current` changed; a bad one keeps the last good."""
+    from vfleet_healthcheck.exporter import IdentityFile
+
+    releases = tmp_path / "releases"
+    current = tmp_path / "current"
+
+    def release(name: str, depth: int | str) -> None:
+        (releases / name).mkdir(parents=True)
+        spec = {"method": "mtp", "depth": depth}
+        doc = {"labels": {"host": "h1"}, "spec_decode": spec, "step_times": str(tmp_path / "t")}
+        (releases / name / "sidecar.json").write_text(json.dumps(doc))
+        tmp = tmp_path / "current.tmp"
+        tmp.symlink_to(releases / name)
+        tmp.replace(current)  # as the role repoints it: one rename
+
+    def exported(registry: CollectorRegistry) -> tuple[float, str]:
+        text = generate_latest(registry).decode()
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        depth = next(s.value for s in samples if s.name == "vfleet_spec_decode_running_depth")
+        info = next(s.labels["release"] for s in samples if s.name == "vfleet_info")
+        return depth, info
+
+    release("r1aaaaaaaaaa", 3)
+    with FakeUpstream({"/metrics": Reply(body=REAL.encode())}) as upstream:
+        config = IdentityFile(current / "sidecar.json", {"host": "cli"})
+        collector = VllmCollector(upstream.url, identity=config)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        assert exported(registry) == (3, "r1aaaaaaaaaa")
+        release("r2bbbbbbbbbb", 1)  # the swap: a new release, the sidecar left running
+        assert exported(registry) == (1, "r2bbbbbbbbbb")
+        assert collector.identity.labels["host"] == "cli"  # --label still wins over the file
+        release("r3cccccccccc", "one")  # a release whose sidecar.json is bad
+        with caplog.at_level("WARNING"):
+            assert exported(registry) == (1, "r2bbbbbbbbbb")
+            assert exported(registry) == (1, "r2bbbbbbbbbb")
+    said = [r.getMessage() for r in caplog.records if "kept the last good config" in r.getMessage()]
+    assert len(said) == 1 and "spec_decode.depth" in said[0], said

@@ -424,15 +424,18 @@ def test_step_times_are_the_winners_neighbours_in_depth_and_land_on_the_host(
     from vfleet.fleet.tune import Target, step_times, write_step_times
 
     state = State(ident(), 1)
-    for key, picks, step in (
-        ("depth=1 chunk=a", {"depth": "1", "chunk": "a"}, 0.010),
-        ("depth=2 chunk=a", {"depth": "2", "chunk": "a"}, 0.012),
-        ("depth=2 chunk=b", {"depth": "2", "chunk": "b"}, 0.020),  # another chunk: not used
-        ("depth=3 chunk=a", {"depth": "3", "chunk": "a"}, None),  # no step time measured
+    for key, picks, step, accept in (
+        ("depth=0 chunk=a", {"depth": "0", "chunk": "a"}, 0.008, None),  # no speculation
+        ("depth=1 chunk=a", {"depth": "1", "chunk": "a"}, 0.010, 0.72),
+        ("depth=2 chunk=a", {"depth": "2", "chunk": "a"}, 0.012, 0.42),
+        ("depth=2 chunk=b", {"depth": "2", "chunk": "b"}, 0.020, 0.9),  # another chunk: not used
+        ("depth=3 chunk=a", {"depth": "3", "chunk": "a"}, None, 0.28),  # no step time measured
     ):
-        state.add(Result(key, picks, [], "measured", measurement=measured(9, step_time_s=step)))
+        m = measured(9, step_time_s=step, acceptance_rate=accept)
+        state.add(Result(key, picks, [], "measured", measurement=m))
     winner = state.results["depth=2 chunk=a"]
-    assert step_times(state, winner) == {1: 0.010, 2: 0.012}
+    # Accepted per draft = depth x acceptance rate (accepted / draft tokens).
+    assert step_times(state, winner) == ({0: 0.008, 1: 0.010, 2: 0.012}, {1: 0.72, 2: 0.84})
     # A host reached locally (ansible_connection: local): the file lands in its instance folder.
     base = tmp_path / "vfleet"
     launch = resolve("cpu", "tiny-hybrid-mtp", host=HostVars(base_dir=str(base)))
@@ -442,9 +445,10 @@ def test_step_times_are_the_winners_neighbours_in_depth_and_land_on_the_host(
     out = tmp_path / "out"
     out.mkdir()
     said = write_step_times(t, state, winner, BenchPlan(), out)
-    assert said is not None and said["not_copied"] is None and said["depths"] == [1, 2]
+    assert said is not None and said["not_copied"] is None and said["depths"] == [0, 1, 2]
     on_host = load_step_times(base / "instances" / "main" / "step-times.json")
-    assert dict(on_host.seconds_per_step) == {1: 0.010, 2: 0.012} and on_host.concurrency == 1
+    assert dict(on_host.seconds_per_step) == {0: 0.008, 1: 0.010, 2: 0.012}
+    assert dict(on_host.accepted_per_draft) == {1: 0.72, 2: 0.84} and on_host.concurrency == 1
     assert "vfleet tune h1" in on_host.method
     assert (out / "step-times.json").read_text() == (
         base / "instances/main/step-times.json"
@@ -476,3 +480,43 @@ def test_the_bench_sends_the_key_from_the_inventorys_key_file(tmp_path: Path) ->
     with pytest.raises(VfleetError) as err:
         _ = t.api_key
     assert str(key) in str(err.value.where) or str(key) in str(err.value)
+
+
+def test_the_rollout_gate_renders_a_release_without_speculative_decoding(tmp_path: Path) -> None:
+    """Seen on the fleet: tune's rollout of depth 0 (`speculative.method=none`: no
+    speculative-config in vllm.yaml) failed the swap's gate task ("object of type 'dict' has no
+    attribute 'speculative-config'"), so the winner was rolled back. swap.yml's own expression,
+    templated by Ansible for vllm.yaml with and without it."""
+    plays = yaml.safe_load((REPO / "ansible" / "swap.yml").read_text())
+
+    def tasks(node: object) -> list[dict[str, object]]:
+        if isinstance(node, list):
+            return [t for n in node for t in tasks(n)]
+        if isinstance(node, dict):
+            found = [node] if "name" in node and "vars" in node else []
+            return found + [t for v in node.values() for t in tasks(v)]
+        return []
+
+    gate = next(t for t in tasks(plays) if "(performance gate)" in str(t["name"]))
+    expression = gate["vars"]["_vfleet_perf_spec"]  # type: ignore[index]
+    play = [{
+        "hosts": "localhost", "gather_facts": False,
+        "tasks": [{
+            "name": "spec", "ansible.builtin.debug": {"msg": "[{{ _vfleet_perf_spec }}]"},
+            "vars": {"_vfleet_perf_args": "{{ item | from_yaml }}",
+                     "_vfleet_perf_spec": expression},
+            "loop": ["model: m\nport: 1\n",
+                     "model: m\nspeculative-config:\n  num_speculative_tokens: 2\n  method: mtp\n"],
+        }],
+    }]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    proc = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         str(tmp_path / "play.yml")],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"), "PATH": "/usr/bin:/bin",
+             "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '"msg": "[]"' in proc.stdout  # no speculation: --speculative ''
+    assert '"msg": "[method=mtp,num_speculative_tokens=2]"' in proc.stdout

@@ -14,12 +14,18 @@ where step_seconds(k) is the measured time of one decode step at depth k (target
 1 + k tokens plus k draft forwards), from a step-time table (below). The recommended depth is
 the table's depth with the highest tokens_per_second(k); a tie goes to the smaller depth.
 
-Positions beyond the running depth are not measured. They are extrapolated conservatively:
-with conditional rates c_i = r_i / r_{i-1} (r_0 = 1), each further position keeps falling by
-the last observed decline, d = c_k / c_{k-1} capped at 1 (with one observed position, d = c_1),
-so c_{k+1} = c_k * d, c_{k+2} = c_{k+1} * d, ... Drafts of drafts compound the head's errors,
-so acceptance falls with position in every model we measured; continuing the last decline (never
-a rise) gives deeper positions less credit than a flat continuation would.
+Positions beyond the running depth are not measured live. Where the step-time table holds the
+acceptance `vfleet tune` measured at each depth (``accepted_per_draft``: A(k) = accepted draft
+tokens per draft at depth k, so the table's own rate at position j is A(j) - A(j - 1)), a
+further position keeps the table's conditional rate: c_j = (A(j) - A(j-1)) / (A(j-1) - A(j-2)),
+r_j = r_{j-1} * c_j (live rates first, the table's decline after them). Elsewhere they are
+extrapolated conservatively: with conditional rates c_i = r_i / r_{i-1} (r_0 = 1), each further
+position keeps falling by the last observed decline, d = c_k / c_{k-1} capped at 1 (with one
+observed position, d = c_1), so c_{k+1} = c_k * d, c_{k+2} = c_{k+1} * d, ... Drafts of drafts
+compound the head's errors, so acceptance falls with position in every model we measured;
+continuing the last decline (never a rise) gives deeper positions less credit than a flat
+continuation would, but it is a guess: on the test model it credits position 2 three times
+what the table measured (docs/TUNE.md).
 
 The step-time table is a JSON file (``step-times.json`` in the instance folder: the sidecar
 finds its path in sidecar.json; written by `vfleet tune` or bench/mtp_depth.py through
@@ -29,7 +35,8 @@ finds its path in sidecar.json; written by `vfleet tune` or bench/mtp_depth.py t
      "measured_at": "2026-12-01T16:40:00Z",          # UTC, when the sweep ended
      "method": "bench decode, 800 tokens, ...",       # how: tool, command, workload
      "concurrency": 1,                                # requests in flight while measured
-     "seconds_per_step": {"0": 0.0101, "1": 0.0123, ...}}   # MTP depth -> seconds per step
+     "seconds_per_step": {"0": 0.0101, "1": 0.0123, ...},   # MTP depth -> seconds per step
+     "accepted_per_draft": {"1": 0.72, "2": 0.84, ...}}     # optional: depth -> A(k)
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,17 +69,26 @@ class StepTimes:
     measured_at: str  # ISO 8601 UTC
     method: str  # how it was measured: the tool or command and the workload
     concurrency: int = 1
+    # Accepted draft tokens per draft (per verify step) measured at each depth >= 1, beside the
+    # step time: what carries the recommendation past the running depth (module docstring).
+    accepted_per_draft: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def measured(
-        cls, seconds_per_step: Mapping[int, float], *, method: str, concurrency: int = 1
+        cls,
+        seconds_per_step: Mapping[int, float],
+        *,
+        method: str,
+        concurrency: int = 1,
+        accepted_per_draft: Mapping[int, float] | None = None,
     ) -> StepTimes:
         """A table measured just now."""
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        return cls(dict(sorted(seconds_per_step.items())), now, method, concurrency)
+        accepted = dict(sorted((accepted_per_draft or {}).items()))
+        return cls(dict(sorted(seconds_per_step.items())), now, method, concurrency, accepted)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "kind": STEP_TIMES_KIND,
             "schema_version": STEP_TIMES_SCHEMA,
             "measured_at": self.measured_at,
@@ -80,6 +96,11 @@ class StepTimes:
             "concurrency": self.concurrency,
             "seconds_per_step": {str(k): v for k, v in sorted(self.seconds_per_step.items())},
         }
+        if self.accepted_per_draft:
+            doc["accepted_per_draft"] = {
+                str(k): v for k, v in sorted(self.accepted_per_draft.items())
+            }
+        return doc
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> StepTimes:
@@ -115,7 +136,21 @@ class StepTimes:
             if not ok or not (math.isfinite(value) and value > 0):
                 raise bad(f"seconds_per_step.{key}", f"expected seconds > 0, got {value!r}")
             steps[int(key)] = float(value)
-        return cls(dict(sorted(steps.items())), measured_at, method, concurrency)
+        accepted: dict[int, float] = {}
+        extra = data.get("accepted_per_draft", {})
+        if not isinstance(extra, dict):
+            raise bad("accepted_per_draft", "expected an object {depth: accepted per draft}")
+        for key, value in extra.items():
+            if not (isinstance(key, str) and key.isdigit() and 1 <= int(key) <= MAX_DEPTH):
+                raise bad(f"accepted_per_draft.{key}", f"a depth is an integer 1..{MAX_DEPTH}")
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or not (math.isfinite(value) and 0 <= value <= int(key)):
+                raise bad(
+                    f"accepted_per_draft.{key}",
+                    f"expected accepted draft tokens per draft, 0..{key}, got {value!r}",
+                )
+            accepted[int(key)] = float(value)
+        return cls(dict(sorted(steps.items())), measured_at, method, concurrency, accepted)
 
     @property
     def measured_at_unix(self) -> float:
@@ -160,9 +195,28 @@ def save_step_times(path: str | os.PathLike[str], table: StepTimes) -> None:
 # --------------------------------------------------------------------------- the formula
 
 
-def extrapolate(rates: Sequence[float], depth: int) -> tuple[tuple[float, ...], int]:
-    """Unconditional rates for positions 1..depth: the measured ones, then extrapolated ones
-    (the module docstring says how). Returns (rates, how many were extrapolated)."""
+def table_conditional(accepted_per_draft: Mapping[int, float], position: int) -> float | None:
+    """The conditional rate at ``position`` (>= 2) from a table's accepted tokens per draft
+    A(k): (A(j) - A(j-1)) / (A(j-1) - A(j-2)), A(0) = 0, clipped to 0..1 (a count's noise
+    must not make a deeper draft look likelier than the one before it); None when the table
+    lacks a depth it needs."""
+    a = {0: 0.0, **accepted_per_draft}
+    if any(k not in a for k in (position, position - 1, position - 2)):
+        return None
+    here = a[position] - a[position - 1]
+    before = a[position - 1] - a[position - 2]
+    if before <= 0:
+        return 0.0
+    return min(1.0, max(0.0, here / before))
+
+
+def extrapolate(
+    rates: Sequence[float], depth: int, accepted_per_draft: Mapping[int, float] | None = None
+) -> tuple[tuple[float, ...], int]:
+    """Unconditional rates for positions 1..depth: the measured ones, then the positions
+    beyond them: from the table's conditional rates where ``accepted_per_draft`` has them,
+    else extrapolated (the module docstring says how). Returns (rates, how many were not
+    measured)."""
     known = [min(1.0, max(0.0, float(r))) for r in rates]
     for i in range(1, len(known)):  # accepted at i + 1 implies accepted at i
         known[i] = min(known[i], known[i - 1])
@@ -170,15 +224,21 @@ def extrapolate(rates: Sequence[float], depth: int) -> tuple[tuple[float, ...], 
         return tuple(known[:depth]), 0
     if not known:
         raise ValueError("no measured position to extrapolate from")
-    conditional = [known[0]] + [
-        known[i] / known[i - 1] if known[i - 1] > 0 else 0.0 for i in range(1, len(known))
+    out = list(known)
+    table = accepted_per_draft or {}
+    while len(out) < depth:
+        measured = table_conditional(table, len(out) + 1)
+        if measured is None:
+            break
+        out.append(out[-1] * measured)
+    conditional = [out[0]] + [
+        out[i] / out[i - 1] if out[i - 1] > 0 else 0.0 for i in range(1, len(out))
     ]
     last = conditional[-1]
     if len(conditional) >= 2 and conditional[-2] > 0:
         decline = min(1.0, last / conditional[-2])
     else:
         decline = last
-    out = list(known)
     while len(out) < depth:
         last *= decline
         out.append(out[-1] * last)
@@ -226,7 +286,7 @@ def recommend(rates: Sequence[float], running_depth: int, table: StepTimes) -> R
         raise ValueError("no acceptance measured: nothing to recommend from")
     estimates = []
     for depth, seconds in sorted(table.seconds_per_step.items()):
-        used, guessed = extrapolate(rates, depth)
+        used, guessed = extrapolate(rates, depth, table.accepted_per_draft)
         per_step = tokens_per_step(used)
         estimates.append(DepthEstimate(depth, used, guessed, per_step, seconds, per_step / seconds))
     best = max(estimates, key=lambda e: (e.tokens_per_second, -e.depth))

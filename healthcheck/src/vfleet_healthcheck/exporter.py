@@ -211,6 +211,51 @@ class Identity:
         )
 
 
+class IdentityFile:
+    """sidecar.json, read again whenever the file it names changes. The sidecar is given the
+    path through the instance's `current` link, and a swap that leaves the sidecar's unit as
+    it was (a new depth, say) repoints `current` without restarting it on systemd: read once,
+    the running depth, the release and the step-time path stayed the first release's (seen:
+    running depth 3 exported after `vfleet tune` rolled out depth 1). ``labels`` and
+    ``step_times`` (the command line's) override the file's, as at the start."""
+
+    def __init__(
+        self, path: Path, labels: dict[str, str] | None = None, step_times: Path | None = None
+    ) -> None:
+        self.path = path
+        self.labels = dict(labels or {})
+        self.step_times = step_times
+        self._seen = self._key()
+        self.identity = self._load()  # a bad file at the start is the caller's error
+        self.problem = ""  # why the newest file is not in use ("" when it is)
+
+    def _key(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = self.path.stat()  # follows `current`: another release is another file
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _load(self) -> Identity:
+        identity = Identity.from_file(self.path)
+        identity.labels.update(self.labels)
+        if self.step_times is not None:
+            identity.step_times = self.step_times
+        return identity
+
+    def get(self) -> Identity:
+        """The identity of the file there now; the last good one while it cannot be read."""
+        key = self._key()
+        if key is not None and key != self._seen:
+            self._seen = key
+            try:
+                self.identity = self._load()
+                self.problem = ""
+            except (OSError, ValueError, KeyError) as exc:
+                self.problem = f"{self.path}: {exc}"
+        return self.identity
+
+
 class VllmCollector(Collector):
     """Scrapes vLLM when Prometheus scrapes us. One lock: concurrent scrapes queue."""
 
@@ -221,14 +266,17 @@ class VllmCollector(Collector):
         window: float = 60.0,
         timeout: float = 3.0,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        identity: Identity | None = None,
+        identity: Identity | IdentityFile | None = None,
         vllm_version: str = DEFAULT_VERSION,
         clock: Any = time.monotonic,
     ) -> None:
         self.url = vllm_url.rstrip("/") + "/metrics"
         self.timeout = timeout
         self.max_bytes = max_bytes
-        self.identity = identity or Identity()
+        self.config = identity if isinstance(identity, IdentityFile) else None
+        if isinstance(identity, IdentityFile):
+            identity = identity.identity
+        self.identity: Identity = identity or Identity()
         self.table: dict[str, Family] = families(vllm_version)
         self.table_version = table_version(vllm_version)
         self.window = Window(window, self.table)
@@ -246,6 +294,17 @@ class VllmCollector(Collector):
         self.step_times = StepTimesSource(self.identity.step_times)
 
     # -- logging: each distinct problem once, and every up/down change
+    def _refresh_identity(self) -> None:
+        """Follow a changed sidecar.json (IdentityFile says why); under the scrape lock."""
+        if self.config is None:
+            return
+        self.identity = self.config.get()
+        if self.config.problem:
+            problem = self.config.problem
+            self._once(f"config:{problem}", f"kept the last good config: {problem}")
+        if self.identity.step_times != self.step_times.path:
+            self.step_times = StepTimesSource(self.identity.step_times)
+
     def _once(self, key: str, message: str) -> None:
         if key not in self._logged:
             self._logged.add(key)
@@ -329,6 +388,7 @@ class VllmCollector(Collector):
         t0 = time.perf_counter()
         if self._lock.acquire(timeout=2 * self.timeout + 1):
             try:
+                self._refresh_identity()
                 up, took = self.scrape()
                 figures = self.last_figures
                 errors, bad = dict(self.errors), dict(self.bad_samples)
@@ -494,7 +554,8 @@ class VllmCollector(Collector):
         expected = GaugeMetricFamily(
             "vfleet_spec_decode_expected_tokens_per_second",
             "Expected decode tok/s per MTP depth of the step-time table, from the window's "
-            "acceptance (label extrapolated: positions beyond the running depth guessed).",
+            "acceptance (label extrapolated: positions beyond the running depth, not measured "
+            "live: from the step-time table's acceptance where it has it, else guessed).",
             labels=[*names, "depth", "extrapolated"],
         )
         for e in rec.estimates:
@@ -558,7 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         type=Path,
-        help="sidecar.json rendered by vfleet (identity labels, versions, release)",
+        help="sidecar.json rendered by vfleet (identity labels, versions, release, MTP "
+        "depth); read again whenever the file it names changes (a swap repoints current)",
     )
     p.add_argument(
         "--label",
@@ -586,21 +648,27 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        identity = Identity.from_file(args.config) if args.config else Identity()
+        labels: dict[str, str] = {}
         for item in args.label:
             key, sep, value = item.partition("=")
             if not sep or key not in IDENTITY:
                 raise ValueError(f"--label {item!r}: expected KEY=VALUE with KEY in {IDENTITY}")
-            identity.labels[key] = value
-        if args.step_times is not None:
-            identity.step_times = args.step_times
+            labels[key] = value
+        source: Identity | IdentityFile
+        if args.config:
+            source = IdentityFile(args.config, labels, args.step_times)
+            identity = source.identity
+        else:
+            source = identity = Identity(labels=labels, step_times=args.step_times)
+        # The metric-name table stays the start's: another vLLM version comes with another
+        # sidecar wheel, and the role restarts the sidecar for that.
         version = args.vllm_version or identity.info.get("vllm_version") or DEFAULT_VERSION
         collector = VllmCollector(
             args.vllm_url,
             window=args.window,
             timeout=args.timeout,
             max_bytes=args.max_body_bytes,
-            identity=identity,
+            identity=source,
             vllm_version=version,
         )
     except (OSError, ValueError, KeyError, UnsupportedVersion) as exc:

@@ -576,17 +576,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 # --------------------------------------------------------------------------- step times
 
 
-def step_times(state: State, winner: Result) -> dict[int, float]:
-    """Seconds per engine step per depth, from the candidates that differ from the winner in
-    the depth alone (the same chunk, graphs, threads): what the sidecar divides by."""
+def step_times(state: State, winner: Result) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds per engine step per depth, and accepted draft tokens per draft per depth >= 1
+    (depth x acceptance rate), from the candidates that differ from the winner in the depth
+    alone (the same chunk, graphs, threads): what the sidecar divides by, and what carries its
+    recommendation past the running depth (vfleet_healthcheck.depth)."""
     others = {k: v for k, v in winner.picks.items() if k != "depth"}
-    out: dict[int, float] = {}
+    seconds: dict[int, float] = {}
+    accepted: dict[int, float] = {}
     for r in state.results.values():
         m = r.measurement
         same = {k: v for k, v in r.picks.items() if k != "depth"} == others
         if "depth" in r.picks and same and m is not None and m.step_time_s:
-            out[int(r.picks["depth"])] = m.step_time_s
-    return out
+            depth = int(r.picks["depth"])
+            seconds[depth] = m.step_time_s
+            if depth >= 1 and m.acceptance_rate is not None:
+                accepted[depth] = round(min(1.0, max(0.0, m.acceptance_rate)) * depth, 4)
+    return seconds, accepted
 
 
 def write_step_times(
@@ -597,15 +603,17 @@ def write_step_times(
     recommended depth. None when no depth was measured beside the winner."""
     from vfleet_healthcheck.depth import StepTimes, save_step_times
 
-    times = step_times(state, winner)
+    times, accepted = step_times(state, winner)
     if not times:
         return None
     table = StepTimes.measured(
         times,
         method=f"vfleet tune {t.host}: bench concurrency scenario, {bench.repeats} x "
         f"{bench.concurrency} request(s) of {bench.decode_tokens} tokens after "
-        f"{bench.prompt_tokens}; tokens per step / (concurrency x decode tok/s)",
+        f"{bench.prompt_tokens}; tokens per step / (concurrency x decode tok/s); accepted per "
+        "draft = depth x accepted / draft tokens (vLLM's counters)",
         concurrency=bench.concurrency,
+        accepted_per_draft=accepted,
     )
     local = out_dir / STEP_TIMES_FILE
     save_step_times(local, table)

@@ -100,7 +100,8 @@ computed from this interval (no traffic, no speculative decoding), JSON null:
                             the positions vLLM reports)
   MTP depth recommended     the depth of the step-time table (vfleet tune) with the highest
                             expected tok/s: (1 + sum of the per-position acceptance, positions
-                            beyond the running depth extrapolated) / seconds per step; "- (why)"
+                            beyond the running depth from tune's measured acceptance) / seconds
+                            per step; "- (why)"
                             without one: no_step_times, bad_step_times, no_drafts (no traffic),
                             speculation_off (docs/TUNE.md, Recommended depth)
   expected gain (%)         expected tok/s at the recommended depth / at the running one - 1

@@ -462,8 +462,9 @@ def spec_decode() -> dict[str, Any]:
                 )
             ],
             "(1 + sum of the per-position acceptance up to the depth) / measured seconds per "
-            "step at that depth. Positions beyond the running depth are extrapolated (label "
-            "extrapolated = how many), each falling by the last observed decline.",
+            "step at that depth. Positions beyond the running depth (label extrapolated = how "
+            "many) follow the acceptance vfleet tune measured at each depth, or, without it, "
+            "keep falling by the last observed decline.",
         ),
     ]
     return _dashboard(

@@ -402,7 +402,18 @@ def test_second_deploy_changes_nothing(fleet: Fleet) -> None:
     assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     for name in fleet.nodes:
         r = recap(proc.stdout, name)
-        assert r["changed"] == 0 and r["failed"] == 0, (name, r)
+        assert r["changed"] == 0 and r["failed"] == 0, (name, r, changed_tasks(proc.stdout))
+
+
+def changed_tasks(out: str) -> list[str]:
+    """The TASK headers of the tasks that reported changed (for an idempotence failure)."""
+    tasks, task = [], ""
+    for line in out.splitlines():
+        if line.startswith("TASK ["):
+            task = line.split("]", 1)[0] + "]"
+        elif line.startswith("changed:"):
+            tasks.append(f"{task} {line[:120]}")
+    return tasks
 
 
 def _snapshot(node: Node) -> str:

@@ -25,7 +25,7 @@ MANIFEST = "vfleet-cache-seed.json"
 FORMAT = 1
 # FlashInfer's JIT builds under ~/.cache/flashinfer; launch.sh sets HOME to the instance's.
 FLASHINFER_UNDER_HOME = ".cache/flashinfer"
-# The mtime the role gives every non-Python file of the venv after an install, on every host
+# The mtime the role gives every venv file but .py and .pyc after an install, on every host
 # (2000-01-01). ninja, which FlashInfer's JIT runs at each load, rebuilds an output older than
 # any of its inputs, and pip stamps each file it installs with the install time: without a
 # fixed time a fresh host's venv headers are newer than any seed's JIT objects. Python sources

@@ -229,7 +229,8 @@ tools: venv ## install vLLM parsers of every pinned version (for tests)
 # debootstrap, systemd-container and openssh: the fleet tests' systemd-nspawn hosts.
 # docker.io and docker-compose: the images and `docker compose up` test (a private dockerd).
 # nginx-light: `vfleet balancer` (the swap's load balancer) and its test.
-DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++ prometheus \
+# ninja-build: the cache seed test shows ninja (FlashInfer's JIT builder) keeping a seed's objects.
+DEB_PACKAGES := systemd python3-venv python3-dev libnuma1 g++ ninja-build prometheus \
 	debootstrap systemd-container openssh-client docker.io docker-compose nginx-light
 
 .PHONY: deps

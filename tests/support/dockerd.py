@@ -17,12 +17,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vfleet.paths import tools_dir
+
 from .nspawn import CHROOT, ROOT_PATH, SBIN_PATH, SUITE, copy_root, minbase, which
 
 REPO = Path(__file__).resolve().parents[2]
 # Resolved: dockerd refuses a data root whose path goes through a symlink (a worktree's .cache
 # links to the main checkout's: "invalid rootfs: not an absolute path, or a symlink").
-CACHE = (REPO / ".cache").resolve() / "docker"
+CACHE = tools_dir().resolve() / "docker"
 # The exec root holds sockets whose paths must stay under 108 bytes: keep it short.
 EXEC_ROOT = Path("/run/vfleet-test-docker")
 

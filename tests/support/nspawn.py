@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vfleet.paths import tools_dir
+
 REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / ".cache" / "nspawn"
+CACHE = tools_dir() / "nspawn"
 SUITE = "bookworm"
 # What the CPU profile needs on a host (profiles/hardware/cpu.yaml os_packages), plus sshd,
 # systemd and Python for Ansible, installed with apt inside a copy of the shared minbase root.

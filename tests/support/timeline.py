@@ -1,9 +1,11 @@
 """Where the test run's minutes went, per pytest worker and per file.
 
-    .venv/bin/python -m tests.support.timeline [build/test-timeline.jsonl]
+    .venv/bin/python -m tests.support.timeline [--since EPOCH] [build/test-timeline.jsonl]
 
 Reads what tests/conftest.py records: each test phase's start, stop and worker. Prints, per
-worker, its files in the order it ran them with their wall time, and when it finished.
+worker, its files in the order it ran them with their wall time, and when it finished; then
+the slowest files, pytest's wall time and, with --since (when `make test` started, in epoch
+seconds), the whole run's: what CI's 40-minute budget is checked against (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from pathlib import Path
 
 from tests.conftest import TIMELINE
 
+SLOWEST = 8
+
 
 def main(argv: list[str]) -> int:
+    since: float | None = None
+    if argv[:1] == ["--since"]:
+        since, argv = float(argv[1]), argv[2:]
     where = Path(argv[0]) if argv else TIMELINE
     rows = [json.loads(line) for line in where.open()] if where.exists() else []
     if not rows:
@@ -33,6 +40,15 @@ def main(argv: list[str]) -> int:
         print(f"{worker}: done at {end / 60:5.1f} min")
         for file, (a, b) in sorted(files.items(), key=lambda kv: kv[1][0]):
             print(f"  {(a - t0) / 60:5.1f} -> {(b - t0) / 60:5.1f} min  {b - a:7.1f} s  {file}")
+    walls = {f: b - a for files in spans.values() for f, (a, b) in files.items()}
+    print(f"slowest files ({sum(walls.values()) / 60:.1f} worker-minutes in all):")
+    for file, wall in sorted(walls.items(), key=lambda kv: -kv[1])[:SLOWEST]:
+        print(f"  {wall / 60:5.1f} min  {file}")
+    t1 = max(r["stop"] for r in rows)
+    print(f"pytest wall time: {(t1 - t0) / 60:.1f} min")
+    if since is not None:
+        whole, setup = (t1 - since) / 60, (t0 - since) / 60
+        print(f"make test wall time: {whole:.1f} min (setup and lint {setup:.1f})")
     return 0
 
 

@@ -18,10 +18,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO
 from vfleet.config.pins import pins, venv_name
+from vfleet.paths import tools_dir
 
-VENVS = REPO / ".cache" / "venvs"
+VENVS = tools_dir() / "venvs"
 
 
 def vllm_venv(version: str | None = None) -> Path:

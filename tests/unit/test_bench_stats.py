@@ -286,11 +286,13 @@ def test_client_times_a_stream(stub: tuple[Stub, str]) -> None:
     assert sent["chat_template_kwargs"] == {"enable_thinking": False}
     assert sent["stream_options"] == {"include_usage": True}
     assert res.ttft_s is not None and res.first_s is not None and res.last_s is not None
-    assert 0.3 <= res.ttft_s < 5
+    assert res.ttft_s >= 0.3  # the stub waits 0.3 s before its first token: a floor load keeps
     assert (res.prompt_tokens, res.completion_tokens, res.cached_tokens) == (100, 9, 64)
     assert res.deltas == 5 and res.tokens == 9  # usage, not the delta count (MTP: 2 per delta)
+    # No floor on the span: the client stamps arrivals, and on a loaded machine the first token's
+    # arrival can be late while the last is not (0.1992 s against the stub's 4 x 0.05 s, seen).
     span = res.last_s - res.first_s
-    assert span >= 0.2
+    assert span > 0
     assert res.decode_tps == pytest.approx(8 / span)
     assert res.prefill_tps == pytest.approx(100 / res.ttft_s)
     assert res.e2e_s >= res.last_s

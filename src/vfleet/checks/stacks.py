@@ -41,12 +41,12 @@ from vfleet.config.pins import (
 from vfleet.config.profiles import load_profile, profiles_dir
 from vfleet.config.schema import HardwareProfile, Stack
 from vfleet.errors import VfleetError
-from vfleet.paths import REPO_ROOT
+from vfleet.paths import REPO_ROOT, tools_dir
 
 PYPI = "https://pypi.org/simple"
 # Wheel metadata by sha256 and the index's project pages (10 minutes), kept between runs by
 # the loopback index pip resolves through (stacks_index.py).
-CACHE_DIR = REPO_ROOT / ".cache" / "stacks-pip"
+CACHE_DIR = tools_dir() / "stacks-pip"
 # Each stack's pip report and log, for a look after a run.
 OUT_DIR = REPO_ROOT / "build" / "stacks"
 WHEELS_DIR = REPO_ROOT / "build" / "wheels"

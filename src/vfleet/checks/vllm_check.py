@@ -33,15 +33,11 @@ from vfleet.engine.compile import Launch
 from vfleet.engine.versions import v
 from vfleet.errors import VfleetError
 from vfleet.hostside.tinymodels import hybrid_moe
-from vfleet.paths import REPO_ROOT, hostside_script
+from vfleet.paths import REPO_ROOT, hostside_script, tools_dir
 from vfleet.render.release import render_files
 
 REPO = REPO_ROOT
 SCRIPT = hostside_script("vllm_argcheck")
-
-
-def tools_dir() -> Path:
-    return Path(os.environ.get("VFLEET_TOOLS_DIR", REPO / ".cache"))
 
 
 def parser_for(version: str) -> tuple[str, str | None]:

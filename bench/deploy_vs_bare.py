@@ -1,6 +1,6 @@
 """Deploy-to-ready with vfleet vs a bare vLLM start of the same model, side by side.
 
-    .venv/bin/python bench/deploy_vs_bare.py --base-dir .cache/e2e --rounds 2
+    .venv/bin/python bench/deploy_vs_bare.py --base-dir /var/tmp/vfleet-bench --rounds 2
 
 Needs a previous `make deploy BASE_DIR=<base-dir>` (the venv and the tiny model exist; this
 measures starting, not installing). Alternates the two methods so both see the same machine
@@ -110,7 +110,7 @@ def bare(base: Path, port: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--base-dir", type=Path, default=Path("/var/tmp/vfleet-bench-deploy"))
+    ap.add_argument("--base-dir", type=Path, default=Path("/var/tmp/vfleet-bench"))
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     base = a.base_dir.resolve()

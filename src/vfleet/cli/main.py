@@ -45,7 +45,7 @@ from vfleet.fleet.status import add_parser as add_status_parser
 from vfleet.fleet.swap import add_parser as add_swap_parser
 from vfleet.fleet.tune import add_parser as add_tune_parser
 from vfleet.hostside.tinymodels import TinyModelError, parse_draft_acceptance
-from vfleet.paths import DASHBOARDS_DIR, hostside_script
+from vfleet.paths import DASHBOARDS_DIR, hostside_script, tools_dir
 from vfleet.render.monitoring import committed_rules_path, prometheus_files, scrape_target
 from vfleet.render.promrules import rules_yaml
 from vfleet.render.release import release_id, render_files, write_atomic
@@ -388,7 +388,8 @@ def _has_torch(python: str) -> bool:
             f"cannot run {python}: {exc.strerror}",
             key="--python",
             fix="give the python of a virtualenv with torch, transformers and tokenizers "
-            f"(e.g. .cache/venvs/{venv_name(pins().host)}/bin/python after `make tools`)",
+            f"(e.g. {tools_dir() / 'venvs' / venv_name(pins().host) / 'bin' / 'python'} "
+            "after `make tools`)",
         ) from None
     return r.returncode == 0
 

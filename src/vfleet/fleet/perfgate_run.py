@@ -179,14 +179,27 @@ def _previous(path: str | None) -> PerfRecord | None:
         raise VfleetError(f"cannot read it: {exc}", where=path, key="--previous") from None
     if not text.strip():
         return None
-    from vfleet_healthcheck.perf_record import PerfRecord
+    from vfleet_healthcheck.perf_record import BadFigure, PerfRecord
 
+    # A figure that is not a measurement is bad input (exit 2), not a failed gate: the
+    # release was not shown slower, and the file stays wrong until someone removes it; the
+    # swap still rolls the host back on exit 2, with this message.
+    stdin = path == "-"
+    name = "the previous release's perf.json (stdin)" if stdin else path
+    where_fix = "instances/<instance>/previous/perf.json on the host" if stdin else "it"
     try:
         return PerfRecord.from_json(text)
+    except BadFigure as exc:
+        raise VfleetError(
+            f"not a measurement: {exc}",
+            where=name,
+            key=exc.key,
+            fix=f"remove {where_fix} (the gate then compares with the baseline, or is off)",
+        ) from None
     except ValueError as exc:
         raise VfleetError(
             f"not a perf.json: {exc}",
-            where=path,
+            where=name,
             key="--previous",
             fix="pass the perf.json of a release, or leave --previous out",
         ) from None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from vfleet.config.escape import host_name
 from vfleet.errors import VfleetError
 from vfleet.fleet.inventory import host_vars
 from vfleet.fleet.perfgate import (
@@ -299,7 +300,9 @@ def cmd_check(a: argparse.Namespace) -> int:
     if a.report_dir:
         out = Path(a.report_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{a.host or 'local'}.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (out / f"{host_name(a.host) if a.host else 'local'}.json").write_text(
+            json.dumps(doc, indent=2) + "\n"
+        )
     print(json.dumps(doc, indent=2))
     print(verdict.text(), file=sys.stderr)
     return 0 if verdict.passed else 1

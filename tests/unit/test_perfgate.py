@@ -23,6 +23,8 @@ from vfleet_healthcheck.perf_record import FIGURES as RECORD_FIGURES
 from vfleet_healthcheck.perf_record import BenchShape, PerfFigures, PerfRecord
 
 from tests.conftest import REPO
+from vfleet.config.yamlio import loads
+from vfleet.errors import VfleetError
 from vfleet.fleet import perfgate
 from vfleet.fleet.perfgate import (
     DEFAULT_TOLERANCES,
@@ -409,3 +411,96 @@ def test_make_deploy_with_perf_gate_deploys_through_the_gated_swap() -> None:
     assert "--no-perf-gate" not in gated and "ansible/deploy.yml" not in gated
     plain = would_run("HOST=node1", "INVENTORY=inv.yml")
     assert "ansible-playbook -i inv.yml ansible/deploy.yml" in plain and "vfleet swap" not in plain
+
+
+# --------------------------------------------------------------------------- not a measurement
+# Issue 29, finding 7: a NaN reference passed every release (NaN compares as "not worse"),
+# 1e308 failed every one. JSON's NaN and Infinity parse as floats, 1e400 as inf.
+
+
+def perf_json(**figs: object) -> str:
+    rec = PerfRecord("abc", "w", "2026-12-01T00:00:00Z", shape(1), figures(DATA["unchanged_c1"][0]))
+    data = json.loads(rec.to_json())
+    data["figures"] |= figs
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [
+        ("output_tps", "NaN"),
+        ("output_tps", "Infinity"),
+        ("output_tps", "1e308"),
+        ("output_tps", "1e400"),
+        ("output_tps", "0"),
+        ("ttft_p95_s", "-Infinity"),
+        ("ttft_p95_s", "-0.5"),
+        ("acceptance_rate", "1.5"),
+        ("tokens_per_step", "NaN"),
+    ],
+)
+def test_a_reference_that_is_not_a_measurement_exits_2_naming_the_key(
+    tmp_path: Path, key: str, text: str
+) -> None:
+    """Bad input, not a failed gate: the release was not shown slower, and the operator must
+    remove the file (the fix says so); a swap rolls back on exit 2 too, with this message."""
+    body = perf_json().replace(f'"{key}": ', f'"{key}": {text}, "_was": ', 1)
+    assert json.loads(body)["figures"]["_was"] is not None  # the value really was replaced
+    path = tmp_path / "perf.json"
+    path.write_text(body)
+    for previous, stdin, where in ((str(path), "", str(path)), ("-", body, "(stdin)")):
+        p = run_cli(*CHECK, "--previous", previous, stdin=stdin)
+        assert p.returncode == 2, p.stderr
+        assert f"figures.{key}" in p.stderr and where in p.stderr, p.stderr
+        assert "fix: remove" in p.stderr and "Traceback" not in p.stderr
+        assert p.stdout == ""
+
+
+def test_a_figure_that_is_not_a_measurement_never_passes_the_gate() -> None:
+    good = DATA["unchanged_c1"][0]
+    nan = float("nan")
+    for bad in (nan, float("inf"), 1e308, -1.0):
+        # measured: the bench's own figure (an upstream's counters, a client bug)
+        v = decide(
+            ref(good, 1), figures(replace_row(good, output_tps=bad)), shape(1), speculative=SPEC
+        )
+        assert v.state == "fail" and "measured output tok/s" in v.reasons[0], v
+        # with nothing to compare it would otherwise be off, and its NaN the next reference
+        v = decide(None, figures(replace_row(good, tokens_per_step=bad)), shape(1))
+        assert v.state == "fail" and "tokens/step" in v.reasons[0], v
+        # a reference built in code (tune, a test) rather than read from a file
+        v = decide(
+            ref(replace_row(good, output_tps=bad), 1), figures(good), shape(1), speculative=SPEC
+        )
+        assert v.state == "fail" and "reference output tok/s" in v.reasons[0], v
+
+
+def test_perf_json_is_never_written_with_a_figure_it_would_refuse() -> None:
+    rec = PerfRecord("abc", "w", "t", shape(1), PerfFigures(output_tps=float("nan")))
+    with pytest.raises(ValueError, match=r"figures\.output_tps"):
+        rec.to_json()
+
+
+def test_a_baseline_figure_must_be_finite() -> None:
+    from pydantic import ValidationError
+
+    from vfleet.config.schema import Expected
+
+    for bad in (".inf", ".nan"):
+        with pytest.raises(ValidationError, match="finite"):
+            Expected.model_validate(loads(f"low: {bad}", "test"))
+
+
+def test_a_baseline_out_of_range_is_refused_naming_the_file_and_key(tmp_path: Path) -> None:
+    folder = tmp_path / "baselines"  # root: a profiles folder
+    folder.mkdir(parents=True)
+    path = folder / "cpu--tiny.yaml"
+    path.write_text(
+        "profile: cpu\nmodel: tiny\nsource: t\ndecode_tokens_per_second: {low: 1.0e+308}\n"
+    )
+    with pytest.raises(VfleetError) as err:
+        reference_for(None, "w", "cpu", "tiny", "s", root=tmp_path)
+    assert err.value.where == str(path) and err.value.key == "decode_tokens_per_second.low"
+    path.write_text("profile: cpu\nmodel: tiny\nsource: t\ndecode_tokens_per_second: {low: 7}\n")
+    found = reference_for(None, "w", "cpu", "tiny", "s", root=tmp_path)
+    assert found is not None and found.figures.output_tps == 7

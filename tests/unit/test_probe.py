@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vfleet_healthcheck.probe import read_env_file
+from vfleet_healthcheck.probe import Target, marker_file, read_env_file
 
 from tests.support.fake_upstream import FakeUpstream, Reply
 
@@ -238,3 +238,52 @@ def test_an_unexpected_200_body_fails_its_tier_in_one_line(
         r = probe("--url", u.url, "--model", "m", "--timeout", "2", "--json")
     report = json.loads(r.stdout)  # --json stays one JSON object
     assert r.returncode == 1 and report["ok"] is False
+
+
+# ------------------------------------------- issue 29, finding 7.3: the service user's folder
+# Under pm2 the deploy's readiness step runs `vfleet-probe --warmup` as root, and the warm
+# marker lives in instances/<i>/state, which the service user writes.
+
+
+def warm_setup(tmp_path: Path, url: str) -> tuple[Path, Path, Path]:
+    state = tmp_path / "state"
+    state.mkdir()
+    conf = tmp_path / "probe.json"
+    conf.write_text(
+        json.dumps(
+            {
+                "url": url,
+                "served_model_name": "m",
+                "state_dir": str(state),
+                "warmup": {"steps": [{"concurrency": 1, "prompt_tokens": 8, "max_tokens": 1}]},
+            }
+        )
+    )
+    return conf, marker_file(Target(url, "m", state_dir=state)), tmp_path / "victim"
+
+
+def warm_server() -> dict[str, Reply]:
+    return server() | {"/metrics": Reply(b"process_start_time_seconds 1700000000.5\n")}
+
+
+def test_the_warmup_never_writes_through_a_link_in_the_state_folder(tmp_path: Path) -> None:
+    with FakeUpstream(warm_server()) as u:
+        conf, marker, victim = warm_setup(tmp_path, u.url)
+        victim.write_text("root's file\n")
+        marker.symlink_to(victim)
+        r = probe("--config", str(conf), "--warmup", "--timeout", "5")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert victim.read_text() == "root's file\n"  # the old probe wrote its JSON here
+    assert marker.is_file() and not marker.is_symlink()
+    assert json.loads(marker.read_text())["server"] is not None
+    assert sorted(p.name for p in marker.parent.iterdir()) == [marker.name]  # no temp left
+
+
+def test_a_linked_warm_marker_is_not_read(tmp_path: Path) -> None:
+    with FakeUpstream(warm_server()) as u:
+        conf, marker, victim = warm_setup(tmp_path, u.url)
+        assert probe("--config", str(conf), "--warmup", "--timeout", "5").returncode == 0
+        marker.rename(victim)  # a marker this server's warmup really wrote...
+        marker.symlink_to(victim)  # ...reached through a link is not taken
+        r = probe("--config", str(conf), "--tier", "warm", "--timeout", "5")
+    assert r.returncode != 0 and "unreadable" in r.stdout, r.stdout + r.stderr

@@ -9,6 +9,7 @@ writer and the reader cannot disagree about it.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 
 SCHEMA = 1
@@ -31,6 +32,37 @@ class PerfFigures:
 
 
 FIGURES = tuple(f.name for f in fields(PerfFigures))
+
+# What a measurement can be, per figure: (lowest, highest, whether the lowest itself is one).
+# A NaN compares as "not worse" with anything and would pass every release; 1e308 is worse
+# than anything and would fail every one; JSON's NaN/Infinity and 1e400 parse as floats. The
+# highs are far above any box (a stream's decode is thousands of tok/s at most, the gate's
+# requests time out after 120 s) and low enough to catch a corrupt or hand-made file.
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "output_tps": (0.0, 1e5, False),
+    "ttft_p95_s": (0.0, 3600.0, False),
+    "acceptance_rate": (0.0, 1.0, True),  # 0: no draft token accepted, a real result
+    "tokens_per_step": (0.0, 1e5, False),
+}
+
+
+def figure_problem(key: str, value: float) -> str | None:
+    """Why `value` cannot be a measured `key` (None: it can)."""
+    lo, hi, lo_ok = BOUNDS[key]
+    if not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if value < lo or (value == lo and not lo_ok) or value > hi:
+        low = f"{lo:g} <= " if lo_ok else f"{lo:g} < "
+        return f"{value!r} is outside {low}{key} <= {hi:g}"
+    return None
+
+
+class BadFigure(ValueError):
+    """A figure that is not a measurement; `key` names it as perf.json spells it."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -56,7 +88,11 @@ class PerfRecord:
     schema: int = SCHEMA
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        for key in FIGURES:  # never write what from_json refuses
+            value = getattr(self.figures, key)
+            if value is not None and (problem := figure_problem(key, value)):
+                raise BadFigure(f"figures.{key}", problem)
+        return json.dumps(asdict(self), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> PerfRecord:
@@ -76,7 +112,7 @@ class PerfRecord:
                 figures=PerfFigures(**figures),
                 speculative=str(data.get("speculative") or ""),
             )
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, OverflowError) as exc:
             raise ValueError(f"missing or malformed key: {exc}") from None
 
 
@@ -84,5 +120,12 @@ def _number(value: object, key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"figures.{key} is not a number: {value!r}")
-    return float(value)
+        raise BadFigure(f"figures.{key}", f"{value!r} is not a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of 400 digits
+        raise BadFigure(f"figures.{key}", "an integer too large for a float") from None
+    problem = figure_problem(key, number)
+    if problem:
+        raise BadFigure(f"figures.{key}", problem)
+    return number

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -185,20 +186,60 @@ def server_identity(t: Target) -> str | None:
     return m.group(1).decode() if m else None
 
 
-def _marker(t: Target) -> Path:
+def marker_file(t: Target) -> Path:
     safe = re.sub(r"[^A-Za-z0-9]+", "_", t.url)
     return t.state_dir / f"vfleet-warm-{safe}.json"
 
 
+# The state folder is the service user's, and under pm2 the deploy's readiness step runs this
+# probe as root: the marker's name is never followed there (a link would make root read or
+# overwrite its target), only a regular file of at most MARKER_MAX bytes is read.
+MARKER_MAX = 64 * 1024
+
+
+def _read_marker(path: Path) -> str:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        raw = os.read(fd, MARKER_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MARKER_MAX:
+        raise ValueError(f"larger than {MARKER_MAX} bytes")
+    return raw.decode("utf-8", errors="replace")
+
+
+def _write_marker(path: Path, text: str) -> None:
+    """Written beside under a new name (O_EXCL: never an existing file or link), then renamed
+    over the marker's name, which replaces a link there rather than its target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        tmp = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o644, dir_fd=folder)
+        try:
+            data = text.encode("utf-8")
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
 def check_warm(t: Target) -> tuple[bool, str]:
     ident = server_identity(t)
-    marker = _marker(t)
+    marker = marker_file(t)
     if ident is None:
         return False, "no process_start_time_seconds in /metrics"
-    if not marker.exists():
+    if not os.path.lexists(marker):
         return False, "warmup has not run (vfleet-probe --warmup)"
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
+        data = json.loads(_read_marker(marker))
     except (OSError, ValueError) as exc:
         return False, f"{marker} unreadable ({exc}): run vfleet-probe --warmup again"
     if not isinstance(data, dict) or data.get("server") != ident:
@@ -247,10 +288,7 @@ def run_warmup(t: Target, progress: bool = True) -> tuple[bool, str]:
             print(f"warmup {i}/{len(t.warmup_steps)}: {why}", file=sys.stderr)
     ident = server_identity(t)
     seconds = round(time.monotonic() - start, 2)
-    t.state_dir.mkdir(parents=True, exist_ok=True)
-    _marker(t).write_text(
-        json.dumps({"server": ident, "requests": n, "seconds": seconds}), encoding="utf-8"
-    )
+    _write_marker(marker_file(t), json.dumps({"server": ident, "requests": n, "seconds": seconds}))
     return True, f"{n} requests in {seconds} s"
 
 

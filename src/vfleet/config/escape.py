@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from vfleet.config.schema import HOST_NAME_PATTERN
 from vfleet.errors import VfleetError
 
 _CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
@@ -25,6 +26,23 @@ _PLAIN = re.compile(r"[A-Za-z0-9/_.,:+=@-]+")
 
 def _refuse(key: str, value: str, what: str, fix: str) -> VfleetError:
     return VfleetError(f"{value!r} {what}", key=key, fix=fix)
+
+
+def host_name(value: str, where: str | None = None) -> str:
+    """An inventory host name, checked before it becomes a path component (a report, tune's
+    folder, host_vars/<host>/) or a label: Ansible accepts `../../..` as a host name.
+
+    HOST_NAME_PATTERN starts with a letter or digit and has no `/`, so neither `.`, `..` nor
+    a path can pass."""
+    if re.fullmatch(HOST_NAME_PATTERN, value) is None:
+        raise VfleetError(
+            f"host name {value!r} is not a plain inventory host name (letters, digits and "
+            ". _ -, starting with a letter or digit)",
+            where=where,
+            key="host",
+            fix="rename the host in the inventory (ansible_host keeps its address), e.g. node1",
+        )
+    return value
 
 
 def one_line(value: str, key: str = "comment") -> str:

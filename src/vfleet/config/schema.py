@@ -471,8 +471,9 @@ STEP_TIMES_FILE = "step-times.json"
 class Expected(Strict):
     """A measured figure: the range seen, and under what conditions."""
 
-    low: float = Field(ge=0)
-    high: float | None = Field(None, ge=0)
+    # NaN/Inf would make the performance gate compare with nothing (NaN) or fail everything
+    low: float = Field(ge=0, allow_inf_nan=False)
+    high: float | None = Field(None, ge=0, allow_inf_nan=False)
     note: str = ""
 
     @model_validator(mode="after")

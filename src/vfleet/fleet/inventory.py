@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vfleet.config.escape import host_name
 from vfleet.config.schema import HostVars
 from vfleet.errors import VfleetError
 from vfleet.hostside.hostfacts import Request
@@ -60,6 +61,7 @@ def _ansible_inventory() -> str:
 
 def host_vars(inventory: str, host: str) -> dict[str, Any]:
     """The host's variables as Ansible sees them (ansible_*, vfleet_*)."""
+    host_name(host, inventory)
     if not Path(inventory).exists():
         raise VfleetError(
             "inventory not found",
@@ -221,7 +223,7 @@ def hosts_of(inventory: str, pattern: str) -> list[str]:
             where=inventory,
             fix="name a host or a group of the inventory (ansible-inventory -i INV --graph)",
         )
-    return hosts
+    return [host_name(h, inventory) for h in hosts]
 
 
 def host_namespace(

@@ -22,6 +22,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from vfleet.config.profiles import find_baseline
@@ -33,7 +34,12 @@ from vfleet.measure.stats import percentile
 
 _IMPORT_ERROR: ImportError | None = None
 try:  # the perf.json format, shared with the sidecar; `make venv` installs it
-    from vfleet_healthcheck.perf_record import BenchShape, PerfFigures, PerfRecord
+    from vfleet_healthcheck.perf_record import (
+        BenchShape,
+        PerfFigures,
+        PerfRecord,
+        figure_problem,
+    )
 except ImportError as exc:  # a bare `pip install vfleet`: the gate cannot run, the CLI can
     _IMPORT_ERROR = exc
 
@@ -214,6 +220,18 @@ def decide(
       a new depth changes both by design (`vfleet tune` rolls one out through this gate);
       whether it pays off is what output tok/s and TTFT say.
     """
+    # Not a measurement on either side: fail closed (a NaN compares as "not worse" with
+    # anything, so without this it passed). The CLI refuses a bad reference file earlier.
+    unusable = [f"measured {why}" for why in figure_problems(after)]
+    if before is not None:
+        unusable += [f"reference {why}" for why in figure_problems(before.figures)]
+    if unusable:
+        return Verdict(
+            "fail",
+            tuple(f"{why}: not a measurement, so not passed" for why in unusable),
+            before.source if before else None,
+            after=after,
+        )
     if after.output_tps is None:
         return Verdict(
             "fail",
@@ -270,6 +288,17 @@ def decide(
     return Verdict("fail" if worse else "pass", reasons, before.source, checks, after)
 
 
+def figure_problems(figures: PerfFigures) -> list[str]:
+    """'LABEL: why' for each figure that cannot be a measurement (perf_record.BOUNDS)."""
+    found = []
+    for key in FIGURES:
+        value = getattr(figures, key)
+        problem = None if value is None else figure_problem(key, value)
+        if problem:
+            found.append(f"{LABELS[key]}: {problem}")
+    return found
+
+
 def _shape(s: BenchShape) -> str:
     return f"concurrency {s.concurrency}, {s.rounds} rounds of {s.max_tokens} tokens"
 
@@ -305,7 +334,12 @@ def reference_from_record(record: PerfRecord) -> Reference:
 
 
 def reference_for(
-    previous: PerfRecord | None, weights: str, profile: str, preset: str, stack: str
+    previous: PerfRecord | None,
+    weights: str,
+    profile: str,
+    preset: str,
+    stack: str,
+    root: Path | None = None,
 ) -> Reference | None:
     """The previous release's own measurement when it served the same weights; else the saved
     baseline of profile x preset x stack (its slowest decode run and lowest acceptance: a
@@ -316,7 +350,7 @@ def reference_for(
 
     if previous is not None and previous.model == weights:
         return reference_from_record(previous)
-    found = find_baseline(profile, preset, stack)
+    found = find_baseline(profile, preset, stack, root)
     if found is None:
         return None
     path, baseline = found
@@ -326,6 +360,19 @@ def reference_for(
         output_tps=decode.low if decode else None,
         acceptance_rate=accept.low if accept else None,
     )
+    for key, name in (
+        ("output_tps", "decode_tokens_per_second"),
+        ("acceptance_rate", "spec_decode_acceptance_rate"),
+    ):
+        value = getattr(figures, key)
+        problem = None if value is None else figure_problem(key, value)
+        if problem:
+            raise VfleetError(
+                f"not usable as the performance gate's reference: {problem}",
+                where=str(path),
+                key=f"{name}.low",
+                fix="measure it again (`vfleet bench run --save-baseline`) or remove the file",
+            )
     return Reference(f"the baseline {path.name} (its slowest run)", figures, None, None)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from vfleet.config.escape import host_name
 from vfleet.errors import VfleetError
 from vfleet.fleet.inventory import host_vars
 from vfleet.fleet.perfgate import (
@@ -179,14 +180,27 @@ def _previous(path: str | None) -> PerfRecord | None:
         raise VfleetError(f"cannot read it: {exc}", where=path, key="--previous") from None
     if not text.strip():
         return None
-    from vfleet_healthcheck.perf_record import PerfRecord
+    from vfleet_healthcheck.perf_record import BadFigure, PerfRecord
 
+    # A figure that is not a measurement is bad input (exit 2), not a failed gate: the
+    # release was not shown slower, and the file stays wrong until someone removes it; the
+    # swap still rolls the host back on exit 2, with this message.
+    stdin = path == "-"
+    name = "the previous release's perf.json (stdin)" if stdin else path
+    where_fix = "instances/<instance>/previous/perf.json on the host" if stdin else "it"
     try:
         return PerfRecord.from_json(text)
+    except BadFigure as exc:
+        raise VfleetError(
+            f"not a measurement: {exc}",
+            where=name,
+            key=exc.key,
+            fix=f"remove {where_fix} (the gate then compares with the baseline, or is off)",
+        ) from None
     except ValueError as exc:
         raise VfleetError(
             f"not a perf.json: {exc}",
-            where=path,
+            where=name,
             key="--previous",
             fix="pass the perf.json of a release, or leave --previous out",
         ) from None
@@ -286,7 +300,9 @@ def cmd_check(a: argparse.Namespace) -> int:
     if a.report_dir:
         out = Path(a.report_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{a.host or 'local'}.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (out / f"{host_name(a.host) if a.host else 'local'}.json").write_text(
+            json.dumps(doc, indent=2) + "\n"
+        )
     print(json.dumps(doc, indent=2))
     print(verdict.text(), file=sys.stderr)
     return 0 if verdict.passed else 1

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vfleet.config.apikey import read_api_key_file, refuse_key_in_sets
+from vfleet.config.escape import host_name
 from vfleet.config.profiles import profiles_dir
 from vfleet.errors import VfleetError
 from vfleet.fleet.balancer import load
@@ -477,7 +478,7 @@ def _run(
 
 
 def _perf_verdict(folder: Path | None, host: str) -> Verdict | None:
-    path = folder / f"{host}.json" if folder else None
+    path = folder / f"{host_name(host)}.json" if folder else None
     if path is None or not path.exists():
         return None
     data = json.loads(path.read_text(encoding="utf-8"))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vfleet.config.apikey import read_api_key_file
+from vfleet.config.escape import host_name
 from vfleet.config.schema import STEP_TIMES_FILE, HostVars
 from vfleet.engine.compile import Launch, resolve
 from vfleet.errors import VfleetError
@@ -345,7 +346,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
     t = target(a)
     names = [n.strip() for n in a.sweep.split(",") if n.strip()] if a.sweep else list(BUILDERS)
     dims, left_out = build_space(t.launch, names, parse_depths(a.depths))
-    out_dir: Path = a.out or Path(f"tune-{a.host}")
+    out_dir: Path = a.out or Path(f"tune-{host_name(a.host)}")
     a.state = a.state or out_dir / STATE_FILE
     identity = Identity.of(a.host, t.profile, t.model, t.launch.instance, t.own_sets, bench)
     state = load(a.state, identity)

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from vfleet.config.escape import host_name
 from vfleet.fleet.tune_measure import Objective
 from vfleet.fleet.tune_state import Result, State, save
 
@@ -150,7 +151,7 @@ def host_vars_dir(inventory: Path, host: str) -> Path:
     """Where Ansible reads the host's variables: host_vars/ beside an inventory file, or
     inside an inventory folder."""
     base = inventory if inventory.is_dir() else inventory.parent
-    return base / "host_vars" / host
+    return base / "host_vars" / host_name(host, str(inventory))
 
 
 def merged_sets(old: list[str], new: list[str]) -> list[str]:

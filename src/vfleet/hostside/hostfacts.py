@@ -12,6 +12,7 @@ hex, and any secret value found elsewhere (log lines, argv, config text) is mask
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import platform
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -43,6 +45,8 @@ APPS_QUERY = "gpu_uuid,pid,used_memory,process_name"
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 # Secrets shorter than this are not masked inside other text (it would garble every line).
 MASK_MIN_LEN = 4
+# The most read of a file the service user writes (the plugin's state is a few hundred bytes).
+SERVICE_FILE_MAX = 64 * 1024
 
 
 class Pm2Request(TypedDict):
@@ -112,6 +116,38 @@ def run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> s
 
 def read_text(path: str | Path) -> str:
     return Path(path).read_text(encoding="utf-8", errors="replace")
+
+
+def read_service_file(path: str, limit: int = SERVICE_FILE_MAX) -> str:
+    """A file in a folder the service user writes (instances/<i>/state), read as root.
+
+    That user chooses what the name is: a link to /dev/zero (a read without end) or to a
+    root-only file (its content would travel to the control machine), a FIFO (an open that
+    never returns), a hard link to another user's file. So: the last component is not followed
+    (O_NOFOLLOW; the folders above it are root's), the open does not wait (O_NONBLOCK), and
+    only a regular file with one link, at most `limit` bytes, is read."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise GatherError(f"{path} is a symbolic link: refused, not followed") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise GatherError(f"{path} is not a regular file: refused")
+        if st.st_nlink != 1:
+            raise GatherError(f"{path} has {st.st_nlink} hard links: refused (another file)")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(65536, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise GatherError(f"{path} is larger than {limit} bytes: refused")
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------- system
@@ -797,10 +833,12 @@ def gather(req: Request) -> dict[str, Any]:
         if os.path.exists(req["log_file"])
         else None,
         # The SM75 plugin's decision as the running server wrote it; None before a start.
+        # A folder the service user writes: read without following it (read_service_file);
+        # lexists: a dangling link is refused, not taken for "not written yet".
         "plugin_state": attempt(
-            "plugin state", lambda: json.loads(Path(plugin_state).read_text()), errors
+            "plugin state", lambda: json.loads(read_service_file(plugin_state)), errors
         )
-        if (plugin_state := req.get("plugin_state_file")) and os.path.exists(plugin_state)
+        if (plugin_state := req.get("plugin_state_file")) and os.path.lexists(plugin_state)
         else None,
         # Asked only of this instance's own server: a foreign one on the port says nothing.
         "http": http_facts(req["url"], api_key) if instance else None,

@@ -232,11 +232,13 @@ def fragment(profile_name: str) -> dict[str, object]:
         "volumes": [_model_volume(profile_name, gpu, read_only=True)],
     }
     probe = "$$VFLEET_RELEASE/probe.json"  # $$: the container's variable, not compose's
+    workers = profile.accelerator.count if gpu else 1
     vllm_service: dict[str, object] = {
         "image": vllm.ref,
         "environment": {"VFLEET_START_TIMEOUT_S": str(start)},
         # vLLM drains in-flight requests for --shutdown-timeout after SIGTERM; STOP_MARGIN_S more.
         "stop_grace_period": f"{stop_grace}s",
+        "shm_size": shm_size(workers),
         "healthcheck": {
             # Ready = warm: a real generation works and the warmup ran against this process.
             "test": ["CMD-SHELL", f'vfleet-probe --config "{probe}" --tier warm'],
@@ -275,6 +277,18 @@ def fragment(profile_name: str) -> dict[str, object]:
             "prometheus": {"image": prom.ref, "build": _build(prom, debian)},
         }
     }
+
+
+# vLLM's processes pass tensors and the engine-to-worker message queue (shm_broadcast) through
+# /dev/shm, and torch shares CPU tensors between processes there; Docker's default 64 MiB is
+# too small (vLLM's Docker guide: `--ipc=host` or `--shm-size`). vLLM's CPU guide runs its
+# image with `--shm-size=4g`; each tensor-parallel worker beyond the first gets 2 GiB more. A
+# cap, not a reservation: tmpfs pages count against the container's memory once written.
+SHM_GIB, SHM_PER_EXTRA_WORKER_GIB = 4, 2
+
+
+def shm_size(workers: int) -> str:
+    return f"{SHM_GIB + SHM_PER_EXTRA_WORKER_GIB * max(0, workers - 1)}gb"
 
 
 class _IndentedDumper(yaml.SafeDumper):

@@ -27,6 +27,7 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field
 
@@ -441,6 +442,28 @@ def serve_feed(feed: Path) -> Iterator[str]:
         server.server_close()
 
 
+def check_pip_index(url: str) -> str:
+    """PIP_INDEX reaches `docker build` as a build argument, which the image's history keeps
+    (`docker history --no-trunc`): an index URL with credentials is refused. The Dockerfiles
+    refuse it too, for a plain `docker compose build` with PIP_INDEX in the environment."""
+    parts = urlsplit(url)
+    if url == "offline" or (parts.scheme in ("http", "https") and parts.hostname):
+        if "@" not in parts.netloc:
+            return url
+        raise VfleetError(
+            "the package index URL holds credentials (user:password@): a build argument "
+            "stays in the image history for anyone who can pull the image",
+            key="--pip-index",
+            fix="use an index that needs none from the build machine (a local mirror or "
+            "proxy), or build from a wheelhouse: --wheelhouse DIR (PIP_INDEX=offline)",
+        )
+    raise VfleetError(
+        f"{url!r} is not an http(s) index URL or 'offline'",
+        key="--pip-index",
+        fix="e.g. --pip-index https://pypi.org/simple",
+    )
+
+
 def build_argv(spec: ImageSpec, base_image: str, pip_index: str, feed_url: str) -> list[str]:
     argv = ["docker", "build", "--network", "host", "--tag", spec.ref]
     argv += ["--file", str(spec.dockerfile)]
@@ -468,6 +491,8 @@ def build(
     dry_run: bool = False,
 ) -> tuple[list[str], int]:
     """Stage the feed and run `docker build` (classic builder): (argv, exit status)."""
+    if pip_index is not None:
+        check_pip_index(pip_index)  # before anything is staged or run
     staged = stage_feed(wheelhouse=wheelhouse, ca_bundle=ca_bundle)
     index = pip_index or ("offline" if wheelhouse is not None else "https://pypi.org/simple")
     base = base_image or conf.bases[spec.base_key]

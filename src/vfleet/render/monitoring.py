@@ -76,8 +76,8 @@ def prometheus_argv(
         f"--storage.tsdb.path={prometheus_dir}/data",
         f"--storage.tsdb.retention.time={retention}",
         f"--web.listen-address={listen}",
-        # A deploy reloads rules and config with POST /-/reload instead of a restart.
-        "--web.enable-lifecycle",
+        # No --web.enable-lifecycle: with it any local user could POST /-/quit. A deploy
+        # reloads rules and config with SIGHUP through pm2 (the role's handler).
     ]
 
 

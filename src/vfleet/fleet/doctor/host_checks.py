@@ -284,7 +284,15 @@ def check_plugin(plan: Plan, facts: dict[str, Any]) -> list[Finding]:
     data = facts.get("plugin_state")
     if data is None:
         if any(e.startswith("plugin state:") for e in facts.get("errors", [])):
-            return unknown("plugin", facts, "plugin state", f"make {path} readable")
+            # hostfacts refuses what the service user could have planted there (a link, a
+            # FIFO, a hard link, a huge file): the plugin writes a plain file again at start.
+            return unknown(
+                "plugin",
+                facts,
+                "plugin state",
+                f"remove {path} and restart the instance; if vLLM did not make it, find out "
+                f"who did (the folder is the service user's); else make {path} readable",
+            )
         if not inst:
             return [ok("plugin", f"not started: the plugin writes {path} when vLLM starts")]
         return [

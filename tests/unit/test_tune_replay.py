@@ -40,4 +40,3 @@ def test_a_left_out_depth_that_won_later_is_the_loads_call_not_a_defect() -> Non
     grid_pick = max((v, k) for k, v in t.items() if v is not None)[1].removeprefix("depth=")
     assert (climb_pick, grid_pick) == ("2", "0")  # the old assertion: climb == grid, fails
     assert "depth=0" not in climb_keys  # the new one: the winner was left out by the rule
-

@@ -424,15 +424,26 @@ class _QuietFeedHandler(http.server.SimpleHTTPRequestHandler):
         pass  # pip's page and wheel fetches would drown the build's own output
 
 
+# The feed's loopback port, the same for every build: FEED_URL is a build argument, and the
+# classic builder keys every RUN after a build argument by its value, so a port that changed
+# from build to build would install vLLM's 3.4 GB again each time. Taken: any free port (the
+# build then misses the cache, nothing else).
+FEED_PORT = 47231
+
+
 @contextlib.contextmanager
 def serve_feed(feed: Path) -> Iterator[str]:
-    """Serve `feed` on 127.0.0.1 (a free port) while the build runs: its base URL.
+    """Serve `feed` on 127.0.0.1 (FEED_PORT, else a free port) while the build runs: its base
+    URL.
 
     The build runs with `--network host`, so its RUN steps reach the host's loopback. This is
     the classic builder's stand-in for BuildKit's RUN --mount: the files are read, not stored.
     """
     handler = functools.partial(_QuietFeedHandler, directory=str(feed))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", FEED_PORT), handler)
+    except OSError:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, name="vfleet-feed", daemon=True)
     thread.start()
     try:

@@ -104,8 +104,11 @@ def read_manifest(path: str) -> dict[str, Any]:
         raise _bad(path, f"cache seed refused: {exc}") from None
 
 
-def read_signed_manifest(path: str, allowed_signers: str) -> tuple[dict[str, Any], str]:
-    """The manifest of a seed one of allowed_signers' keys signed, and that signer's name."""
+def read_signed_manifest(
+    path: str, allowed_signers: str, into: dict[str, str] | None = None
+) -> tuple[dict[str, Any], str]:
+    """The manifest of a seed one of allowed_signers' keys signed, and that signer's name
+    (members only under the roots `into`, when given)."""
     if not allowed_signers:
         raise VfleetError(
             "a cache seed needs vfleet_cache_seed_allowed_signers: seeds are signed code",
@@ -124,7 +127,7 @@ def read_signed_manifest(path: str, allowed_signers: str) -> tuple[dict[str, Any
         )
     try:
         with tarfile.open(path, mode="r:") as tar:
-            seed = read_seed(tar, MANIFEST, None)
+            seed = read_seed(tar, MANIFEST, into)
         manifest = parse_manifest(seed)  # first: its errors say more than a bad signature
         return manifest, verify(seed.manifest, seed.signature, allowed_signers)
     except FileNotFoundError:
@@ -166,7 +169,7 @@ def cache_seed(
         return CacheSeed(path, matches, why, error, into, MANIFEST, allowed_signers, pycache)
 
     try:
-        manifest, signer = read_signed_manifest(path, allowed_signers)
+        manifest, signer = read_signed_manifest(path, allowed_signers, into)
     except VfleetError as exc:
         return verdict(False, "unreadable", exc.render())
     wrong = mismatches(manifest, want)

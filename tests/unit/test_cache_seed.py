@@ -478,10 +478,35 @@ def test_a_seed_larger_than_the_free_disk_is_refused_before_any_write(
     signed: tuple[Path, Path, dict[str, str], Path],
 ) -> None:
     """The total against the disk, as statvfs reports it for B's folders (keep_free_bytes, the
-    role's reserve, set to what is free now)."""
+    role's reserve, set to what is free now plus 1 GiB: other processes share this disk, and a
+    reserve of exactly what was free passed once when they freed some meanwhile)."""
     tar, signers, roots, b = signed
     free = os.statvfs(b).f_bavail * os.statvfs(b).f_frsize
-    refused(tar, signers, roots, b, "do not fit in", keep_free_bytes=free)
+    refused(tar, signers, roots, b, "do not fit in", keep_free_bytes=free + 2**30)
+
+
+def test_a_signed_manifest_with_malformed_entries_is_refused_without_a_traceback(
+    signed: tuple[Path, Path, dict[str, str], Path],
+) -> None:
+    """Even the operator's signature does not make a wrong manifest usable: its entries are
+    typed before any write (a string mode would have raised in the middle of the unpack)."""
+    tar, signers, roots, b = signed
+    members = members_of(tar)
+    manifest = json.loads(members[-2][1])
+    manifest["members"][0]["mode"] = "rwx"
+    body = json.dumps(manifest).encode()
+    sign = [
+        "ssh-keygen",
+        "-Y",
+        "sign",
+        "-n",
+        cacheseed.NAMESPACE,
+        "-f",
+        str(signers.with_name("ops.key")),
+    ]
+    sig = subprocess.run(sign, input=body, capture_output=True, check=True, timeout=60).stdout
+    rewrite(tar, [*members[:-2], (members[-2][0], body), (members[-1][0], sig)])
+    refused(tar, signers, roots, b, "the manifest's members are not {name, size, sha256")
 
 
 def test_a_sparse_member_is_refused_before_any_write(tmp_path: Path) -> None:

@@ -376,6 +376,19 @@ def read_seed(tar: tarfile.TarFile, manifest_name: str, roots: dict[str, str] | 
     return Seed(members, manifest, signature)
 
 
+def _entry_ok(e: Any) -> bool:
+    """One member of the manifest as pack writes it (types checked: no traceback later)."""
+    ints = ("size", "mode", "mtime_ns")
+    return (
+        isinstance(e, dict)
+        and isinstance(e.get("name"), str)
+        and all(isinstance(e.get(k), int) and e[k] >= 0 for k in ints)
+        and isinstance(e.get("sha256"), str)
+        and len(e["sha256"]) == 64
+        and all(c in "0123456789abcdef" for c in e["sha256"])
+    )
+
+
 def parse_manifest(seed: Seed) -> dict[str, Any]:
     """The manifest, which must list the tar's members in order with their sizes."""
     try:
@@ -385,10 +398,9 @@ def parse_manifest(seed: Seed) -> dict[str, Any]:
     listed = manifest.get("members") if isinstance(manifest, dict) else None
     if not isinstance(listed, list):
         raise SeedError("the manifest lists no members (a seed of an older format)")
-    try:
-        want = [(e["name"], e["size"]) for e in listed]
-    except (KeyError, TypeError):
-        raise SeedError("the manifest's members are not {name, size, ...}") from None
+    if not all(_entry_ok(e) for e in listed):
+        raise SeedError("the manifest's members are not {name, size, sha256, mode, mtime_ns}")
+    want = [(e["name"], e["size"]) for e in listed]
     got = [(m.name, m.size) for m in seed.members]
     if want != got:
         diff = next(

@@ -572,6 +572,23 @@ def test_a_link_planted_mid_path_is_refused_before_any_write(
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root, with the unprivileged user nobody")
+def test_a_link_above_a_root_in_the_service_users_folder_is_refused(open_tmp: Path) -> None:
+    """HOME/.cache -> another folder, in HOME, which the service user owns: a link there is
+    its doing, not the operator's. (Failed on the old module: op.so was written through.)"""
+    key, signers = operator_key(open_tmp / "keys")
+    tar, _req, _src, _pyc = pack_tree(open_tmp / "a", WANT, key)
+    b = open_tmp / "b"
+    roots = target_roots(b)
+    elsewhere = open_tmp / "elsewhere"
+    elsewhere.mkdir()
+    for d in (b / "cache", b / "cache" / "vllm", b / "home", elsewhere):
+        os.chown(d, NOBODY.pw_uid, NOBODY.pw_gid)
+    (b / "home" / ".cache").symlink_to(elsewhere)
+    refused(tar, signers, roots, b, "is a symbolic link in", owner="nobody")
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_link_swapped_in_during_unpack_is_refused_and_nothing_is_left(
     tmp_path: Path, signed: tuple[Path, Path, dict[str, str], Path]
 ) -> None:

@@ -39,6 +39,9 @@ FLASHINFER_UNDER_HOME = ".cache/flashinfer"
 # keep theirs: a timestamp pyc checks mtime and size, and a changed file of the same size under
 # a fixed mtime would pass for the old one.
 VENV_FILE_TIME = 946_684_800
+# Disk a seed's unpack leaves free on the host beyond its own size (cacheseed.py refuses a seed
+# that would leave less): the caches' filesystem also holds the model and the logs.
+KEEP_FREE_BYTES = 2**30
 # What a seed must share with the host's plan to be unpacked, in the order mismatches are told.
 MATCHED = ("format", "stack", "vllm", "torch", "python", "accelerator", "cache_dir", "home_dir")
 
@@ -158,6 +161,8 @@ class CacheSeed:
     """The allowed_signers file on the control machine the host verifies the seed with."""
     pycache: str | None
     """PYTHONPYCACHEPREFIX: a pyc there is kept only when it fits the host's own source."""
+    keep_free_bytes: int = KEEP_FREE_BYTES
+    """Disk the unpack must leave free beyond the seed's size."""
 
 
 def cache_seed(

@@ -358,6 +358,22 @@ def test_unpack_as_root_writes_as_the_service_user_with_modes_mtimes_and_never_o
     assert graph.read_text() == "# this host's own\n"
 
 
+def test_a_killed_unpacks_staging_folder_does_not_count_and_goes(
+    signed: tuple[Path, Path, dict[str, str], Path],
+) -> None:
+    """An unpack killed midway leaves its staging folder in the cache root: the caches still
+    count as empty, and the next unpack removes it."""
+    tar, signers, roots, b = signed
+    left = b / "cache" / ".vfleet-seed-99999-cache" / "vllm"
+    left.mkdir(parents=True)
+    (left / "half.bin").write_bytes(b"half")
+    assert json.loads(run("check", {"roots": roots}).stdout) == {"nonempty": []}
+    proc = run("unpack", unpack_req(tar, roots, signers))
+    assert proc.returncode == 0, proc.stderr
+    assert not (b / "cache" / ".vfleet-seed-99999-cache").exists()
+    assert (b / "cache" / "vllm" / "torch_compile_cache" / "graph.py").exists()
+
+
 @pytest.mark.parametrize("name", ["../escape.txt", "cache/../../escape.txt", "elsewhere/x"])
 def test_unpack_refuses_a_member_outside_the_roots(tmp_path: Path, name: str) -> None:
     _key, signers = operator_key(tmp_path / "keys")

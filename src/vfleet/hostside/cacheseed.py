@@ -114,7 +114,7 @@ def _trusted_folder(st: os.stat_result) -> bool:
     return st.st_uid == 0 and not st.st_mode & 0o022
 
 
-def check_path(root: str) -> str | None:
+def check_path(root: str) -> str:
     """Refuse a root that is a link, or whose path has a link in a folder anyone but root may
     change. Returns the nearest existing folder of root's path (root itself if it exists)."""
     if not os.path.isabs(root) or os.path.normpath(root) != root:
@@ -557,7 +557,6 @@ def unpack(req: dict[str, Any]) -> dict[str, Any]:
         total = sum(m.size for m in seed.members)
         keep = int(req.get("keep_free_bytes", 0))
         for at in base.values():
-            assert at is not None  # "/" exists
             if total + keep > _free(at):
                 raise SeedError(
                     f"the seed's {total} bytes (+ {keep} kept free) do not fit in {at} "
@@ -571,7 +570,7 @@ def _unpack_into(
     seed: Seed,
     manifest: dict[str, Any],
     roots: dict[str, str],
-    base: dict[str, str | None],
+    base: dict[str, str],
     pycache: str | None,
     signer: str,
 ) -> dict[str, Any]:
@@ -581,10 +580,11 @@ def _unpack_into(
     try:
         for name, path in roots.items():
             at = base[name]
-            assert at is not None
             afd = os.open(at, os.O_RDONLY | os.O_DIRECTORY)
+            for old in os.listdir(afd):  # what a killed unpack left
+                if old.startswith(STAGING) and old.endswith(f"-{name}"):
+                    shutil.rmtree(old, dir_fd=afd, ignore_errors=True)
             sname = f"{STAGING}{os.getpid()}-{name}"
-            shutil.rmtree(sname, dir_fd=afd, ignore_errors=True)  # a killed unpack's
             os.mkdir(sname, 0o700, dir_fd=afd)
             staged[name] = (afd, sname, os.path.relpath(path, at))
         files = size = dropped = 0
@@ -618,7 +618,7 @@ def _unpack_into(
         for name, (afd, sname, _rel) in staged.items():
             sfd = _opendir(sname, afd, False)
             try:
-                _merge(sfd, afd, base[name] or "/")
+                _merge(sfd, afd, base[name])
             finally:
                 os.close(sfd)
     finally:

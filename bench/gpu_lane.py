@@ -1163,7 +1163,8 @@ class CacheVariant:
     # profile's, so the same on every host)
     carried_same: bool = False
     # as carried_same, but packed and unpacked as a deploy's cache seed does
-    # (src/vfleet/hostside/cacheseed.py: mtimes to the nanosecond, checked-hash bytecode)
+    # (src/vfleet/hostside/cacheseed.py: mtimes to the nanosecond, bytecode compiled from
+    # source as checked-hash pycs, signed and verified with a throwaway key)
     seeded: bool = False
 
 
@@ -1274,6 +1275,21 @@ def _seed_request(base: Path) -> dict[str, Any]:
     }
 
 
+def _lane_key(tar_path: Path) -> tuple[Path, Path]:
+    """A throwaway operator key beside the seed and an allowed_signers file for it: the lane
+    signs and verifies as a deploy does (ssh-keygen -Y)."""
+    key = tar_path.with_name("lane-seed.key")
+    if not key.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "lane", "-f", str(key)],
+            check=True, timeout=60,
+        )  # fmt: skip
+    signers = tar_path.with_name("lane-seed.allowed_signers")
+    pub = key.with_name(key.name + ".pub").read_text().strip()
+    signers.write_text(f'lane namespaces="vfleet-cache-seed" {pub}\n')
+    return key, signers
+
+
 def seed_pack(base: Path, tar_path: Path) -> dict[str, Any]:
     """The caches as `vfleet caches pack` packs them (the instance HOME's FlashInfer folder
     only, not all of HOME as pack_caches does)."""
@@ -1281,8 +1297,11 @@ def seed_pack(base: Path, tar_path: Path) -> dict[str, Any]:
     from vfleet.hostside import cacheseed
 
     t0 = time.monotonic()
+    from vfleet.fleet.caches import seal
+
     with tar_path.open("wb") as out:
         manifest = cacheseed.pack(_seed_request(base), out)
+    seal(str(tar_path), _lane_key(tar_path)[0])
     mib = round(tar_path.stat().st_size / (1 << 20), 1)
     return {"seconds": round(time.monotonic() - t0, 2), "mib": mib, "pyc": manifest.get("pyc")}
 
@@ -1292,7 +1311,8 @@ def seed_unpack(tar_path: Path, base: Path) -> float:
     from vfleet.hostside import cacheseed
 
     t0 = time.monotonic()
-    req = {**_seed_request(base), "tar": str(tar_path), "owner": None}
+    req = {**_seed_request(base), "tar": str(tar_path), "owner": None,
+           "allowed_signers": str(_lane_key(tar_path)[1])}  # fmt: skip
     done = cacheseed.unpack(req)
     if not done.get("unpacked"):
         raise SystemExit(f"error: the seed was not unpacked: {done}")

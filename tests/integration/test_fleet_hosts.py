@@ -1455,9 +1455,20 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
     node2 = fleet.nodes["node2"]
     dirs = plan("cpu", MODEL).dirs
     seed = tmp_path / "node1-caches.tar"
+    # The operator's key, made here: the seed is signed with it and node2 trusts its public key.
+    key, signers = tmp_path / "operator", tmp_path / "allowed_signers"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@fleet", "-f", str(key)],
+        check=True, timeout=60,
+    )  # fmt: skip
+    pub = (tmp_path / "operator.pub").read_text().strip()
+    signers.write_text(f'ops@fleet namespaces="vfleet-cache-seed" {pub}\n')
+    seeded_args = ("-e", f"vfleet_cache_seed={seed}", "-e",
+                   f"vfleet_cache_seed_allowed_signers={signers}")  # fmt: skip
+    inv = str(fleet.inventory)
     t0 = time.monotonic()
     packed = subprocess.run(
-        [VFLEET, "caches", "pack", "node1", "-i", str(fleet.inventory), "--out", str(seed)],
+        [VFLEET, "caches", "pack", "node1", "-i", inv, "--key", str(key), "--out", str(seed)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -1467,7 +1478,7 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
     assert packed.returncode == 0, packed.stderr[-3000:]
     manifest = read_manifest(str(seed))
     assert manifest["source_host"] == "node1" and manifest["accelerator"] == "cpu", manifest
-    assert manifest["pyc"]["converted"] > 1000, manifest["pyc"]  # the venv's bytecode
+    assert manifest["pyc"]["compiled"] > 1000, manifest["pyc"]  # the venv's bytecode
     # Bytecode node2's start reads for sure: torch's and vLLM's package modules.
     with tarfile.open(seed) as tar:
         members = [
@@ -1496,7 +1507,7 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
         return proc
 
     first_start()
-    seeded = first_start("-e", f"vfleet_cache_seed={seed}")
+    seeded = first_start(*seeded_args)
     cold_s, seeded_s = _probe_seconds(fleet, test, "node2")[-2:]
     record(
         "cache_seed_node2_first_start",
@@ -1504,7 +1515,7 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
          "seed_mib": round(seed.stat().st_size / 2**20, 1), "pyc": manifest["pyc"]},
     )  # fmt: skip
     out = seeded.stdout.replace('\\"', '"')
-    assert '"unpacked": true' in out, out[-3000:]
+    assert '"unpacked": true' in out and '"signed_by": "ops@fleet"' in out, out[-3000:]
     # The seed's bytecode is on node2, the service user's, and the start read it unchanged
     # (a stale pyc would have been written again).
     got = node2.host.run("sha256sum " + " ".join(want)).stdout.split()
@@ -1520,7 +1531,7 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
     ).stdout.split()
     assert int(times[0]) == pinned and int(times[1]) > pinned, times
     # A redeploy: the caches hold files now; the seed is not unpacked again.
-    proc = make(fleet, "deploy", "HOST=node2", ansible_args=f"-e vfleet_cache_seed={seed}")
+    proc = make(fleet, "deploy", "HOST=node2", ansible_args=" ".join(seeded_args))
     assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     assert recap(proc.stdout, "node2")["changed"] == 0, proc.stdout[-3000:]
 

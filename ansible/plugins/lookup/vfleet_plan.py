@@ -31,6 +31,7 @@ options:
   gpu_topology: {description: "`nvidia-smi topo -m` as read on the host (empty: not known)"}
   api_key_file: {description: "file on the controller holding the API key (mode 0600; empty: none)"}
   cache_seed: {description: "a cache seed tar on the controller (vfleet caches pack; empty: none)"}
+  cache_seed_allowed_signers: {description: "allowed_signers file on the controller (seed signers)"}
 """
 
 

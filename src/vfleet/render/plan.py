@@ -413,9 +413,11 @@ def plan(
     gpu_topology: str = "",
     api_key_file: str | None = None,
     cache_seed: str | None = None,
+    cache_seed_allowed_signers: str = "",
 ) -> Plan:
     """The deploy plan of one instance. `cache_seed`: a seed tar on this machine
-    (vfleet_cache_seed), judged against the plan (render.cache_seed)."""
+    (vfleet_cache_seed), judged against the plan (render.cache_seed), whose signature must be
+    by a key of `cache_seed_allowed_signers` (an allowed_signers file on this machine)."""
     sets = list(sets or [])
     if api_key_file:
         if any(s.startswith("api_key=") for s in sets):
@@ -525,14 +527,22 @@ def plan(
         secret_env=[e.key for e in launch.env if e.secret],
         release_secret_env=sorted({*(e.key for e in launch.env if e.secret), API_KEY_ENV}),
         sets=sets,
-        cache_seed=(_cache_seed(cache_seed, launch, cache_dir, home_dir) if cache_seed else None),
+        cache_seed=(
+            _cache_seed(cache_seed, cache_seed_allowed_signers, launch, cache_dir, home_dir)
+            if cache_seed
+            else None
+        ),
     )
 
 
-def _cache_seed(path: str, launch: Launch, cache_dir: str, home_dir: str) -> CacheSeed:
+def _cache_seed(
+    path: str, allowed_signers: str, launch: Launch, cache_dir: str, home_dir: str
+) -> CacheSeed:
     acc = launch.profile.accelerator
     want = identity(launch.stack_name, launch.stack, acc, cache_dir, home_dir)
-    return read_cache_seed(path, want, seed_roots(cache_dir, home_dir))
+    pycache = next((str(e.value) for e in launch.env if e.key == "PYTHONPYCACHEPREFIX"), None)
+    into = seed_roots(cache_dir, home_dir)
+    return read_cache_seed(path, want, into, allowed_signers, pycache)
 
 
 def prometheus_plan(

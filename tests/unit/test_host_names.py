@@ -34,7 +34,7 @@ def files_under(root: Path) -> set[Path]:
         ["tune", BAD],
         ["doctor", BAD],
         ["releases", BAD],
-        ["caches", "pack", BAD, "--out", "seed.tar"],
+        ["caches", "pack", BAD, "--out", "seed.tar", "--key", "../../../op.key"],
         ["swap", "all", "--model", "tiny-dense"],
         [
             "perf-gate",
@@ -60,6 +60,9 @@ def test_a_host_name_that_is_a_path_is_refused_before_anything_is_written(
 ) -> None:
     work = tmp_path / "a/b/c"
     inv = inventory(work, BAD)
+    key = tmp_path / "op.key"  # `caches pack` checks its signing key (a 0600 file) first
+    key.write_text("not read: the host name is refused before\n")
+    key.chmod(0o600)
     before = files_under(tmp_path)
     p = subprocess.run(
         [sys.executable, "-m", "vfleet.cli.main", *command, "-i", str(inv)],

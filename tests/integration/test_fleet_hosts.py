@@ -398,13 +398,85 @@ def test_fleet_deploy_serves_on_both_hosts(fleet: Fleet) -> None:
 
 @pytest.mark.ci
 def test_second_deploy_changes_nothing(fleet: Fleet) -> None:
-    t0 = time.monotonic()
-    proc = make(fleet, "deploy", "HOST=cpu_fleet")
-    record("fleet_deploy_again_s", round(time.monotonic() - t0, 1))
-    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
-    for name in fleet.nodes:
-        r = recap(proc.stdout, name)
-        assert r["changed"] == 0 and r["failed"] == 0, (name, r, changed_tasks(proc.stdout))
+    """Nothing changes, and nothing outside the service user's folders either (issue 29): before
+    the deploy the service user plants links in each folder it owns (HOME, state, cache) to
+    root's files and folders; a scan of the whole host's metadata (owner, group, mode, size,
+    mtime, link target of every path but the volatile ones and vfleet's base folder, where
+    the sentinels stand in) reads the same afterwards."""
+    before = {}
+    for name, n in fleet.nodes.items():
+        plant_links(n)
+        before[name] = host_scan(n)
+    try:
+        t0 = time.monotonic()
+        proc = make(fleet, "deploy", "HOST=cpu_fleet")
+        record("fleet_deploy_again_s", round(time.monotonic() - t0, 1))
+        assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+        for name, n in fleet.nodes.items():
+            r = recap(proc.stdout, name)
+            assert r["changed"] == 0 and r["failed"] == 0, (name, r, changed_tasks(proc.stdout))
+            after = host_scan(n)
+            assert after == before[name], (name, sorted(set(after) ^ set(before[name]))[:20])
+    finally:
+        for n in fleet.nodes.values():
+            remove_links(n)
+
+
+# What a root step must never change (issue 29): root's 0600 file, root's 0700 folder with a file,
+# and a file of the release (root's, in vfleet's base folder, which host_scan leaves out).
+SENTINELS = ("/etc/vfleet-sentinel", "/etc/vfleet-sentinel.d", "/etc/vfleet-sentinel.d/key")
+RELEASE_FILE = "/opt/vfleet/instances/main/current/vllm.yaml"
+SERVICE_FOLDERS = ("/opt/vfleet/instances/main/home", "/opt/vfleet/instances/main/state",
+                   "/opt/vfleet/cache/main")  # fmt: skip
+# Left out of the host scan: what the kernel, systemd, sshd, Ansible's remote temp files and
+# the deploys themselves write (vfleet's base folder holds releases, logs, venvs).
+VOLATILE = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/cache",
+            "/var/lib/systemd", "/root/.ansible", "/opt/vfleet")  # fmt: skip
+
+
+def plant_links(n: Node) -> None:
+    """As the service user, links in each of its folders to root's sentinels and to a release
+    file: the red team's payload against a root step that follows links."""
+    n.host.run(
+        "set -e; umask 077; printf 'root-only\\n' > /etc/vfleet-sentinel; "
+        "mkdir -p /etc/vfleet-sentinel.d; printf 'k\\n' > /etc/vfleet-sentinel.d/key; "
+        "chmod 600 /etc/vfleet-sentinel; chmod 700 /etc/vfleet-sentinel.d"
+    )
+    for folder in SERVICE_FOLDERS:
+        user = n.host.run(f"stat -c %U {folder}").stdout.strip()
+        assert user not in ("", "root"), (folder, user)
+        for link, target in (("x", SENTINELS[0]), ("d", SENTINELS[1]), ("r", RELEASE_FILE)):
+            n.host.run(
+                f"rm -f {folder}/{link} && setpriv --reuid={user} --regid={user} "
+                f"--clear-groups ln -s {target} {folder}/{link}"
+            )
+
+
+def remove_links(n: Node) -> None:
+    n.host.run(" ".join(["rm -f", *(f"{d}/{x}" for d in SERVICE_FOLDERS for x in "xdr")]))
+
+
+def sentinels(n: Node) -> list[str]:
+    """The sentinels' and the release file's owner, mode and content."""
+    named = " ".join([*SENTINELS, RELEASE_FILE])
+    return n.host.run(
+        f"find {named} -maxdepth 0 -printf '%p %U %G %m %s\\n'; "
+        f"sha256sum {SENTINELS[0]} {SENTINELS[2]}"
+    ).stdout.splitlines()
+
+
+def host_scan(n: Node) -> list[str]:
+    """Owner, group, mode, size, mtime and link target of every path on the host but the
+    volatile ones, plus the sentinels and the release file by name."""
+    prune = " -o ".join(f"-path {p}" for p in VOLATILE)
+    fmt = "'%p %U %G %m %s %T@ %l\\n'"
+    named = " ".join([*SENTINELS, RELEASE_FILE])
+    out = n.host.run(
+        f"find / -xdev \\( {prune} \\) -prune -o -printf {fmt} | sort; "
+        f"find {named} -maxdepth 0 -printf {fmt}; sha256sum {SENTINELS[0]} {SENTINELS[2]}",
+        timeout=300,
+    ).stdout
+    return out.splitlines()
 
 
 def changed_tasks(out: str) -> list[str]:
@@ -952,6 +1024,10 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     """Both hosts to another model, one at a time, behind nginx, with load throughout. Clients
     keep the name they use (the alias is the name they called before): 0 failed requests."""
     prefix, url = lb
+    # The red team's links in every service-user folder: the swap's root steps follow none.
+    for n in fleet.nodes.values():
+        plant_links(n)
+    planted = {name: sentinels(n) for name, n in fleet.nodes.items()}
     load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
     try:
         time.sleep(20)
@@ -968,9 +1044,18 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
         after = load.summary(load.window(t1, load.now()))
     finally:
         load.stop()
+        after_swap = {name: sentinels(n) for name, n in fleet.nodes.items()}
+        for n in fleet.nodes.values():
+            remove_links(n)
     record("swap_fleet_behind_nginx", {"swap": report, "load_steady": steady,
                                        "load_during": during, "load_after": after})  # fmt: skip
     assert rc == 0, err[-3000:]
+    # The release file changed with the swap (a new release); root's sentinels did not.
+    for name in fleet.nodes:
+        keep = [x for x in planted[name] if "vllm.yaml" not in x]
+        assert [x for x in after_swap[name] if "vllm.yaml" not in x] == keep, name
+        release = next(x.split() for x in after_swap[name] if x.startswith(RELEASE_FILE + " "))
+        assert release[1:3] == ["0", "0"], (name, release)  # the new release's: root's too
     hosts = {h["host"]: h for h in report["hosts"]}
     for name in ("node1", "node2"):
         assert hosts[name]["outcome"] == f"swapped to tiny-dense as {MODEL}", hosts[name]

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from vfleet import __version__
 from vfleet.config.apikey import KEY as API_KEY_FILE_KEY
 from vfleet.config.apikey import read_api_key_file
+from vfleet.config.defaults import NGINX_PACKAGE
 from vfleet.config.pins import healthcheck_version, plugin_version, requirements
 from vfleet.config.profiles import validation_error
 from vfleet.config.schema import Accelerator, HostVars, ModelArch, Stack
@@ -39,6 +40,9 @@ from vfleet.render.monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrap
 from vfleet.render.release import (
     context,
     expected_unit_directives,
+    front_context,
+    front_pm2_name,
+    front_unit_name,
     local_host,
     pm2_name,
     probe_config,
@@ -197,6 +201,28 @@ class Sidecar:
 
 
 @dataclass(frozen=True)
+class Front:
+    """The nginx front before vLLM (rule `front`): only the allowed routes leave the box."""
+
+    listen: str
+    """Where it listens (the deployment's host:port)."""
+    url: str
+    """Its URL as seen from the host (the deploy checks /health through it)."""
+    vllm_port: int
+    """vLLM's own port behind it, on loopback."""
+    conf: str
+    """Its nginx configuration in the release."""
+    unit_name: str
+    """Its systemd unit (vfleet-front@INSTANCE.service)."""
+    unit_directives: str
+    """What vfleet-verify-unit accepts in its unit."""
+    pm2_name: str
+    """Its pm2 app."""
+    log_file: str
+    """Its log (nginx's errors)."""
+
+
+@dataclass(frozen=True)
 class Pm2:
     """vfleet's own pm2 on the host."""
 
@@ -262,6 +288,8 @@ class Plan:
     """The settings the plan was made with (key=value; the API key file's key included)."""
     cache_seed: CacheSeed | None = None
     """vfleet_cache_seed's verdict for this plan (render.cache_seed); None when none given."""
+    front: Front | None = None
+    """The nginx front; None where vLLM itself is what clients reach (loopback, no front)."""
 
     def cache_identity(self) -> dict[str, Any]:
         """What a cache seed of this instance says it was made with (render.cache_seed)."""
@@ -338,6 +366,7 @@ class Plan:
             "pm2": asdict(self.pm2),
             "sets": list(self.sets),
             "cache_seed": asdict(self.cache_seed) if self.cache_seed else None,
+            "front": asdict(self.front) if self.front else None,
         }
 
     @classmethod
@@ -397,6 +426,7 @@ class Plan:
             release_secret_env=list(d["release_secret_env"]),
             sets=list(d["sets"]),
             cache_seed=CacheSeed(**d["cache_seed"]) if d.get("cache_seed") else None,
+            front=Front(**d["front"]) if d.get("front") else None,
         )
 
 
@@ -468,7 +498,11 @@ def plan(
             stack=stack,
             packages=requirements(stack),
             remove_packages=list(stack.remove_packages),
-            os_packages=list(launch.profile.os_packages),
+            # The front's nginx comes from the OS, installed by the preflight like the rest.
+            os_packages=[
+                *launch.profile.os_packages,
+                *([NGINX_PACKAGE] if launch.decisions.front else []),
+            ],
         ),
         dirs=Dirs(
             base=h.base_dir,
@@ -526,6 +560,22 @@ def plan(
         release_secret_env=sorted({*(e.key for e in launch.env if e.secret), API_KEY_ENV}),
         sets=sets,
         cache_seed=(_cache_seed(cache_seed, launch, cache_dir, home_dir) if cache_seed else None),
+        front=_front(launch) if launch.decisions.front else None,
+    )
+
+
+def _front(launch: Launch) -> Front:
+    inst = launch.instance
+    f = front_context(launch)
+    return Front(
+        listen=f["listen"],
+        url=f"http://{local_host(launch)}:{launch.port}",
+        vllm_port=launch.vllm_port,
+        conf=f["conf"],
+        unit_name=front_unit_name(inst),
+        unit_directives=" ".join(expected_unit_directives(launch, "front")),
+        pm2_name=front_pm2_name(inst),
+        log_file=launch.host.front_log_file(inst),
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, require_tools
+from vfleet.checks.api_routes import from_markdown
 from vfleet.config.defaults import NGINX
 from vfleet.config.escape import nginx_word
 from vfleet.config.schema import HostVars
@@ -221,15 +222,12 @@ def test_the_balancer_forwards_only_the_allowed_routes_and_names_replicas_only_i
 
 SECURITY = (REPO / "docs" / "SECURITY.md").read_text()
 ROUTES_SECTION = SECURITY.split("## Routes of each pinned vLLM")[-1]
-ROW = re.compile(
-    r"^\| `(GET|POST|PUT|DELETE)` \| `([^`]+)` \| (yes|no) \| (yes|no) \| (\w+) \|$", re.M
-)
 
 
 def doc_routes(version: str) -> list[tuple[str, str, bool, bool, str]]:
     """The route table of one version in docs/SECURITY.md: method, path, guarded, dev, front."""
-    part = ROUTES_SECTION.split(f"### vLLM {version}\n")[1].split("\n### ")[0]
-    return [(m, p, g == "yes", d == "yes", f) for m, p, g, d, f in ROW.findall(part)]
+    rows = from_markdown(ROUTES_SECTION, version)
+    return [(r.method, r.path, r.guarded, r.dev, front) for r, front in rows]
 
 
 @pytest.mark.parametrize("version", ["0.21.0", "0.24.0", "0.27.1", "0.32.0"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from vfleet.paths import hostside_script
 SCRIPT = hostside_script("vllm_routes")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class MountedRoute:
     method: str
     path: str
@@ -76,6 +77,23 @@ def markdown(version: str, routes: list[MountedRoute]) -> str:
     ]
     head = "| method | path | key guard | dev mode only | front |\n|---|---|---|---|---|"
     return f"### vLLM {version}\n\n{head}\n" + "\n".join(rows) + "\n"
+
+
+_ROW = re.compile(
+    r"^\| `(GET|POST|PUT|PATCH|DELETE)` \| `([^`]+)` \| (yes|no) \| (yes|no) \| (\w+) \|$", re.M
+)
+
+
+def from_markdown(text: str, version: str) -> list[tuple[MountedRoute, str]]:
+    """The table `markdown()` wrote for `version` in `text`, each row with its `front` column."""
+    parts = text.split(f"### vLLM {version}\n")
+    if len(parts) < 2:
+        return []
+    table = parts[1].split("\n### ")[0].split("\n## ")[0]
+    return [
+        (MountedRoute(m, p, g == "yes", d == "yes"), front)
+        for m, p, g, d, front in _ROW.findall(table)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

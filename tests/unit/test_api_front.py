@@ -254,3 +254,45 @@ def test_the_docs_name_the_allowed_routes_of_the_one_list() -> None:
     section = SECURITY.split("## Only the API leaves the box")[1].split("\n## ")[0]
     for r in ALLOWED_ROUTES:
         assert f"`{r.nginx_location}`" in section
+
+
+# -- the front's unit -----------------------------------------------------------------------
+
+NO_SYSTEMD = shutil.which("systemd-analyze") is None
+VERIFIER = REPO / "ansible" / "roles" / "vfleet" / "files" / "vfleet-verify-unit"
+
+
+@needs_nginx
+@pytest.mark.skipif(NO_SYSTEMD, reason="systemd-analyze not installed")
+def test_the_front_unit_verifies_scores_like_the_sidecar_and_passes_the_role_verifier(
+    tmp_path: Path,
+) -> None:
+    base = tmp_path / "vfleet"
+    launch = resolve("cpu", "tiny-dense", sets=["front=true"], host=HostVars(base_dir=str(base)))
+    p = plan("cpu", "tiny-dense", sets=["front=true"], base_dir=str(base))
+    assert p.front is not None
+    unit = tmp_path / p.front.unit_name
+    unit.write_text(next(f.content for f in render_files(launch) if f.name == unit.name))
+    (base / "logs").mkdir(parents=True)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
+    score = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", score.stdout)
+    assert found and float(found.group(1)) <= 2.0, score.stdout[-500:]
+    ok = subprocess.run(
+        [str(VERIFIER), unit.name, str(unit), p.front.unit_directives],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr

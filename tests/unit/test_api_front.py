@@ -104,6 +104,12 @@ def test_an_exposed_host_is_refused_with_the_setting_and_the_fix(  # type: ignor
     assert not out.exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("key", ["host", "port", "uds"])
+def test_extra_args_cannot_move_vllm_from_behind_the_front(key: str) -> None:
+    with pytest.raises(VfleetError, match=f"extra_args {key} would move vLLM off"):
+        resolve("cpu", "tiny-dense", sets=["front=true", f"extra_args.{key}=0.0.0.0"])
+
+
 def test_dev_mode_stays_possible_on_loopback_and_0_is_off() -> None:
     resolve("cpu", "tiny-dense", sets=["extra_env.VLLM_SERVER_DEV_MODE=1"])
     resolve("cpu", "tiny-dense", sets=["host=0.0.0.0", "extra_env.VLLM_SERVER_DEV_MODE=0",

@@ -24,7 +24,7 @@ from vfleet.config.schema import HostVars
 from vfleet.engine.api_routes import ALLOWED_ROUTES, allowed, is_loopback
 from vfleet.engine.compile import resolve
 from vfleet.errors import VfleetError
-from vfleet.fleet.balancer import render_conf
+from vfleet.fleet.balancer import render_conf, replicas_from_inventory
 from vfleet.render.plan import plan
 from vfleet.render.release import FRONT_CONF, render_files
 
@@ -133,9 +133,9 @@ def test_off_loopback_vllm_moves_behind_the_front(tmp_path: Path) -> None:
     p = plan("cpu", "tiny-dense", deployment=str(_deployment(tmp_path, host="0.0.0.0", port=8100)))
     # vLLM on loopback at the derived port; the front on the deployment's address.
     assert p.config()["host"] == "127.0.0.1" and p.config()["port"] == 18100
-    assert p.service.listen_host == "0.0.0.0" and p.service.port == 8100  # what clients use
-    assert p.service.url == "http://127.0.0.1:18100"  # the probe and the sidecar: vLLM itself
-    assert p.front is not None and p.front.listen == "0.0.0.0:8100"
+    assert p.service.listen_host == "127.0.0.1" and p.service.port == 18100  # vLLM itself
+    assert p.service.url == "http://127.0.0.1:18100"  # the probe and the sidecar use it
+    assert p.front is not None and (p.front.host, p.front.port) == ("0.0.0.0", 8100)
     assert p.front.url == "http://127.0.0.1:8100"
     assert "nginx-light" in p.software.os_packages  # installed by the preflight
     files = {f.name: f for f in p.files}
@@ -302,3 +302,15 @@ def test_the_front_unit_verifies_scores_like_the_sidecar_and_passes_the_role_ver
         check=False,
     )
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_balancer_reaches_a_replica_through_its_front(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  children:\n    g:\n      hosts:\n"
+        "        a: {ansible_connection: local, vfleet_set: [front=true, port=8300]}\n"
+        "        b: {ansible_connection: local, vfleet_set: [port=8301]}\n"
+    )
+    replicas, _name, _drain = replicas_from_inventory(str(inv), "g", None)
+    # a's vLLM is on 18300 behind its front: the balancer goes to the front's 8300.
+    assert [(r.host, r.port) for r in replicas] == [("a", 8300), ("b", 8301)]

@@ -235,7 +235,12 @@ def replicas_from_inventory(
         hv = host_vars(inventory, host)
         plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
         at = "127.0.0.1" if is_local(hv, host) else address(hv, host)
-        listen = plan.service.listen_host
+        # Through the replica's front where it has one (vLLM itself is then on loopback).
+        listen, port = (
+            (plan.front.host, plan.front.port)
+            if plan.front
+            else (plan.service.listen_host, plan.service.port)
+        )
         if listen.startswith("127.") and not at.startswith("127."):
             raise VfleetError(
                 f"{host}'s vLLM listens on {listen}: a balancer elsewhere cannot reach it",
@@ -243,7 +248,7 @@ def replicas_from_inventory(
                 fix="set host=0.0.0.0 in its vfleet_set, give it an API key (vfleet_api_key_file) "
                 "and deploy again: its nginx front then lets /v1/ and /health through",
             )
-        replicas.append(Replica(host, at, plan.service.port))
+        replicas.append(Replica(host, at, port))
         names.add(plan.service.served_model_name)
         drain = max(drain, plan.service.shutdown_timeout_s)
     if len(names) > 1:

@@ -171,9 +171,9 @@ class Service:
     server_module: str
     """The Python module launch.sh runs (`python -m MODULE --config vllm.yaml`)."""
     listen_host: str
-    """The address the API listens on."""
+    """The address vLLM listens on (loopback behind a front)."""
     port: int
-    """The API's port."""
+    """vLLM's own port: the API and /metrics (behind a front: on loopback only)."""
     url: str
     """The API's URL as seen from the host."""
     served_model_name: str
@@ -204,8 +204,10 @@ class Sidecar:
 class Front:
     """The nginx front before vLLM (rule `front`): only the allowed routes leave the box."""
 
-    listen: str
-    """Where it listens (the deployment's host:port)."""
+    host: str
+    """Where clients connect: the deployment's host."""
+    port: int
+    """... and port."""
     url: str
     """Its URL as seen from the host (the deploy checks /health through it)."""
     vllm_port: int
@@ -538,8 +540,8 @@ def plan(
             user=h.service_user,
             log_file=h.log_file(inst),
             server_module=launch.server_module,
-            listen_host=launch.listen_host,
-            port=launch.port,
+            listen_host=launch.vllm_host,
+            port=launch.vllm_port,
             url=probe_config(launch)["url"],
             served_model_name=launch.served_model_name,
             start_timeout_s=launch.profile.start_timeout_s,
@@ -568,7 +570,8 @@ def _front(launch: Launch) -> Front:
     inst = launch.instance
     f = front_context(launch)
     return Front(
-        listen=f["listen"],
+        host=launch.listen_host,
+        port=launch.port,
         url=f"http://{local_host(launch)}:{launch.port}",
         vllm_port=launch.vllm_port,
         conf=f["conf"],

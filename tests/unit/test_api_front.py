@@ -314,3 +314,15 @@ def test_the_balancer_reaches_a_replica_through_its_front(tmp_path: Path) -> Non
     replicas, _name, _drain = replicas_from_inventory(str(inv), "g", None)
     # a's vLLM is on 18300 behind its front: the balancer goes to the front's 8300.
     assert [(r.host, r.port) for r in replicas] == [("a", 8300), ("b", 8301)]
+
+
+@pytest.mark.parametrize("sets", [["front=true"], ["host=0.0.0.0", "allow_no_api_key=true"]])
+def test_compose_refuses_a_front_it_would_not_run(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, sets: list[str]
+) -> None:
+    out = tmp_path / "out"
+    (tmp_path / "model").mkdir()
+    args = ["compose", "-p", "cpu", "-m", "tiny-dense", "--model-dir", str(tmp_path / "model")]
+    res = cli(*args, "--out", str(out), *(x for s in sets for x in ("--set", s)))
+    assert res.rc == 2 and "the images run no nginx front" in res.err, res.err
+    assert "fix: keep host on loopback" in res.err and not out.exists()

@@ -24,23 +24,23 @@ import pytest
 from tests.conftest import REPO, require_tools
 from tests.support.fake_upstream import FakeUpstream, Reply, Request
 from tests.support.vllm_server import free_port
-from vfleet.fleet import balancer
+from vfleet.config.defaults import NGINX
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("nginx") is None and not Path(balancer.NGINX).exists() and not require_tools(),
+    shutil.which("nginx") is None and not Path(NGINX).exists() and not require_tools(),
     reason="nginx not installed (make deps installs nginx-light)",
 )
 
 
 class Replica(FakeUpstream):
-    """Answers every request with a JSON body that names it; /slow... after 3 s."""
+    """Answers every request with a JSON body that names it; /v1/slow... after 3 s."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         body = json.dumps({"replica": name}).encode()
 
         def answer(request: Request) -> Reply:
-            delay = 3.0 if request.path.startswith("/slow") else 0.0
+            delay = 3.0 if request.path.startswith("/v1/slow") else 0.0
             return Reply(body, content_type="application/json", delay=delay)
 
         super().__init__({"*": answer})
@@ -99,7 +99,7 @@ def test_drain_sends_new_requests_elsewhere_and_lets_in_flight_ones_finish(lb, c
     assert set(spread(url)) == {"a", "b"}
     # Requests held by a and b while a is drained: every one of them is answered.
     with ThreadPoolExecutor(4) as pool:
-        held = [pool.submit(get, f"{url}/slow") for _ in range(4)]
+        held = [pool.submit(get, f"{url}/v1/slow") for _ in range(4)]
         time.sleep(1)
         assert cli("balancer", "drain", str(prefix), "a").rc == 0
         after = spread(url)
@@ -162,3 +162,43 @@ def test_drain_without_a_balancer_is_refused_and_writes_nothing(cli, tmp_path: P
     res = cli("balancer", "drain", str(where), "a")
     assert res.rc == 2 and "no balancer here" in res.err and "render" in res.err
     assert not where.exists()
+
+
+def test_only_the_api_passes_the_balancer(lb) -> None:  # type: ignore[no-untyped-def]
+    # vLLM answers these without a key (docs/SECURITY.md, "Routes of each pinned vLLM"): the
+    # balancer must not pass them on, and must not name the internal replica that answered.
+    _prefix, url, reps = lb
+    for r in reps.values():
+        r.requests.clear()
+    refused = [
+        ("/invocations", b"{}"),
+        ("/tokenize", b"{}"),
+        ("/metrics", None),
+        ("/health/../invocations", None),
+        ("/v1/%2E%2E/invocations", b"{}"),
+    ]
+    for path, body in refused:
+        assert get(f"{url}{path}", body)[0] == 404, path
+    assert [q.path for r in reps.values() for q in r.requests] == []
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as resp:
+        assert resp.status == 200 and resp.headers.get("X-Vfleet-Replica") is None
+    assert get(f"{url}/health")[0] == 200
+
+
+def test_the_replica_header_only_when_asked(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    rep = Replica("a")
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  children:\n    one:\n      hosts:\n"
+        f"        a: {{ansible_connection: local, vfleet_set: [port={rep.port}]}}\n"
+    )
+    prefix, listen = tmp_path / "lb", f"127.0.0.1:{free_port()}"
+    args = ["render", "one", "-i", str(inv), "--dir", str(prefix), "--listen", listen]
+    assert cli("balancer", *args, "--replica-header").rc == 0
+    assert cli("balancer", "start", str(prefix)).rc == 0
+    try:
+        with urllib.request.urlopen(f"http://{listen}/v1/models", timeout=30) as resp:
+            assert resp.headers.get("X-Vfleet-Replica") == f"127.0.0.1:{rep.port}"
+    finally:
+        cli("balancer", "stop", str(prefix))
+        rep.close()

@@ -377,6 +377,7 @@ def test_sleep_mode_with_fp8_kv_on_a_hybrid_model_is_refused_before_0_27_1() -> 
 # is a change of behaviour, made here on purpose.
 RULE_ORDER = [
     "model",
+    "front",
     "listen",
     "api-key-in-env",
     "device-fits-profile",
@@ -426,7 +427,7 @@ def test_the_rule_table_keeps_its_order_names_summaries_and_sources() -> None:
     # and `vfleet explain` print them.
     table = repr([(r.name, r.summary, r.source) for r in RULES]).encode()
     assert hashlib.sha256(table).hexdigest() == (
-        "a100380a2ff4aef840d23acc86c02546cf62c264148def55eb71a7ae7cac590b"
+        "0cf3c4bd04759816e52b6e508bb173e650f9fcb6559d672ef27fc55393f2a67e"
     )
 
 

@@ -24,3 +24,6 @@ PROMETHEUS_LISTEN = "127.0.0.1:9090"
 PROMETHEUS_HOST_DIR = f"{BASE_DIR}/prometheus"
 # Grafana under docker compose (`vfleet compose --grafana`).
 GRAFANA_LISTEN = "127.0.0.1:3000"
+# nginx as Debian installs it (nginx-light): the instance's API front and `vfleet balancer`.
+NGINX = "/usr/sbin/nginx"
+NGINX_PACKAGE = "nginx-light"

@@ -129,3 +129,21 @@ def js_literal(value: Any) -> str:
     which older engines read as line ends inside strings.
     """
     return json.dumps(value, indent=2, ensure_ascii=True)
+
+
+# Characters nginx's configuration parser reads as part of one bare word: no ; { } quotes,
+# $ (variables), # (comments) or whitespace.
+_NGINX_WORD = re.compile(r"[A-Za-z0-9/_.:\[\]+-]+")
+
+
+def nginx_word(value: str | int, key: str = "nginx value") -> str:
+    """One bare word of an nginx configuration (a path, an address, a port)."""
+    text = str(value)
+    if not _NGINX_WORD.fullmatch(text):
+        raise _refuse(
+            key,
+            text,
+            "cannot be one word of an nginx configuration",
+            "use letters, digits and / _ . : + - only",
+        )
+    return text

@@ -285,9 +285,14 @@ class ServeSettings(Strict):
 
     instance: str | None = Field(None, pattern=NAME_PATTERN, max_length=32)
     stack: str | None = Field(None, pattern=NAME_PATTERN, max_length=64)
-    # An IP address or a DNS name: where vLLM listens.
+    # An IP address or a DNS name: where clients connect (vLLM itself, or its nginx front).
     host: str | None = Field(None, max_length=253)
     port: int | None = Field(None, ge=1, le=65535)
+    # The nginx front that lets only the OpenAI API and /health through (docs/SECURITY.md):
+    # always on a host that is not loopback; true puts it before a loopback vLLM too.
+    front: bool | None = None
+    # A host that is not loopback without api_key is refused unless this is true.
+    allow_no_api_key: bool | None = None
     served_model_name: str | None = Field(None, pattern=SERVED_NAME_PATTERN)
     model_dir: str | None = Field(None, max_length=4096)
     api_key: SecretStr | None = None
@@ -456,6 +461,9 @@ class HostVars(Strict):
 
     def sidecar_log_file(self, instance: str) -> str:
         return f"{self.base_dir}/logs/sidecar-{instance}.log"
+
+    def front_log_file(self, instance: str) -> str:
+        return f"{self.base_dir}/logs/front-{instance}.log"
 
     def cache_dir(self, instance: str) -> str:
         return f"{self.base_dir}/cache/{instance}"

@@ -75,11 +75,22 @@ class Launch:
 
     @property
     def port(self) -> int:
+        """Where clients connect: vLLM's port, or its front's."""
         return self.decisions.port
 
     @property
     def listen_host(self) -> str:
+        """Where clients connect: vLLM's address, or its front's."""
         return self.decisions.host
+
+    @property
+    def vllm_port(self) -> int:
+        """vLLM's own port (behind the front: loopback only)."""
+        return self.decisions.vllm_port
+
+    @property
+    def vllm_host(self) -> str:
+        return self.decisions.vllm_host
 
     @property
     def served_model_name(self) -> str:

@@ -38,10 +38,23 @@ class Decisions:
     """The name clients put in a request's `model` (`--served-model-name`). Rule `model`."""
 
     host: str
-    """The address vLLM listens on (`--host`; loopback unless set). Rule `listen`."""
+    """The address clients connect to: vLLM's own, or its nginx front's (loopback unless set).
+    Rule `front`."""
 
     port: int
-    """vLLM's port: the OpenAI-compatible API and /metrics (`--port`). Rule `listen`."""
+    """The port clients connect to (vLLM's, or the front's). Rule `front`."""
+
+    front: bool
+    """Whether an nginx front listens on host:port and forwards only the allowed routes
+    (vfleet.engine.api_routes) to vLLM. Rule `front`."""
+
+    vllm_host: str
+    """The address vLLM itself listens on (`--host`): `host`, or loopback behind the front.
+    Rule `front`."""
+
+    vllm_port: int
+    """vLLM's own port: the API and /metrics (`--port`): `port`, or `port` + 10000 behind
+    the front. Rule `front`."""
 
     # -- hardware ------------------------------------------------------------------------
     tp: int = 1

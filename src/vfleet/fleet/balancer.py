@@ -5,7 +5,8 @@
 `nginx.conf` (a whole configuration for a dedicated nginx, its pid, logs and temp files in
 that folder). `drain HOST` / `admit HOST` flip one replica's `down` flag under a lock (a
 swap batch drains several hosts at once), render again, check the result with `nginx -t`,
-and reload nginx when it runs. A reload is graceful: new workers stop sending new requests
+and reload nginx when it runs. Only the allowed routes (vfleet.engine.api_routes) are forwarded;
+the rest is answered 404. A reload is graceful: new workers stop sending new requests
 to a drained replica at once; the old workers finish the requests they hold.
 
 nginx (open source) has no active health checks: a replica that refuses connections is
@@ -31,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vfleet.config.defaults import STOP_MARGIN_S
+from vfleet.config.defaults import NGINX, NGINX_PACKAGE, STOP_MARGIN_S
+from vfleet.engine.api_routes import ALLOWED_ROUTES
 from vfleet.errors import VfleetError
 from vfleet.fleet.inventory import (
     address,
@@ -47,7 +49,6 @@ from vfleet.render.release import template_env
 STATE = "balancer.json"
 CONF = "nginx.conf"
 DEFAULTS = {"max_fails": 1, "fail_timeout_s": 10, "read_timeout_s": 600}
-NGINX = "/usr/sbin/nginx"
 
 
 @dataclass
@@ -61,7 +62,9 @@ class Replica:
 def _nginx() -> str:
     found = shutil.which("nginx") or (NGINX if Path(NGINX).exists() else None)
     if not found:
-        raise VfleetError("nginx not found", fix="apt-get install nginx-light (make deps does)")
+        raise VfleetError(
+            "nginx not found", fix=f"apt-get install {NGINX_PACKAGE} (make deps does)"
+        )
     return found
 
 
@@ -89,6 +92,8 @@ def render_conf(state: dict[str, Any], prefix: Path) -> str:
             drain_timeout_s=state["drain_timeout_s"],
             conf=prefix / CONF,
             prefix=prefix,
+            routes=ALLOWED_ROUTES,
+            replica_header=bool(state.get("replica_header")),
             **DEFAULTS,
         )
     )
@@ -230,14 +235,20 @@ def replicas_from_inventory(
         hv = host_vars(inventory, host)
         plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
         at = "127.0.0.1" if is_local(hv, host) else address(hv, host)
-        listen = plan.service.listen_host
+        # Through the replica's front where it has one (vLLM itself is then on loopback).
+        listen, port = (
+            (plan.front.host, plan.front.port)
+            if plan.front
+            else (plan.service.listen_host, plan.service.port)
+        )
         if listen.startswith("127.") and not at.startswith("127."):
             raise VfleetError(
                 f"{host}'s vLLM listens on {listen}: a balancer elsewhere cannot reach it",
                 where=f"inventory host {host}",
-                fix="set host=0.0.0.0 in its vfleet_set (behind a firewall) and deploy again",
+                fix="set host=0.0.0.0 in its vfleet_set, give it an API key (vfleet_api_key_file) "
+                "and deploy again: its nginx front then lets /v1/ and /health through",
             )
-        replicas.append(Replica(host, at, plan.service.port))
+        replicas.append(Replica(host, at, port))
         names.add(plan.service.served_model_name)
         drain = max(drain, plan.service.shutdown_timeout_s)
     if len(names) > 1:
@@ -271,6 +282,7 @@ def cmd_render(a: argparse.Namespace) -> int:
             "listen": a.listen,
             "drain_timeout_s": drain + STOP_MARGIN_S,
             "replicas": [asdict(r) for r in replicas],
+            "replica_header": a.replica_header,
         }
         save(prefix, state)
     print(f"balancer for {a.group} ({name}) in {prefix}: listens on {a.listen}")
@@ -359,6 +371,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (127.0.0.1:8080)")
     inventory_arg(r)
     r.add_argument("--instance", metavar="NAME", help="instance on each host (main)")
+    r.add_argument(
+        "--replica-header",
+        action="store_true",
+        help="name the replica that answered in X-Vfleet-Replica (an internal address: "
+        "for tests and debugging, off by default)",
+    )
     r.set_defaults(fn=cmd_render)
     for name, fn, text in (
         ("drain", cmd_drain, "stop sending new requests to HOST (in-flight ones finish)"),

@@ -347,7 +347,8 @@ def write_generated() -> list[Path]:
 
 
 def check_launch(launch: Launch) -> None:
-    """What the images cannot run: another base folder or instance, an API key in the release."""
+    """What the images cannot run: another base folder or instance, the nginx front, an API key
+    in the release."""
     if launch.host.base_dir != CONTAINER_HOST.base_dir:
         raise VfleetError(
             f"the images use {CONTAINER_HOST.base_dir}, not {launch.host.base_dir}",
@@ -360,6 +361,14 @@ def check_launch(launch: Launch) -> None:
             key="instance",
             fix="drop the instance setting for vfleet compose (a compose project is one instance; "
             "use --project to run two)",
+        )
+    if launch.decisions.front:
+        raise VfleetError(
+            f"the images run no nginx front, which host {launch.listen_host} or front: true "
+            "needs: vLLM would sit on loopback at another port with nothing before it",
+            key="host",
+            fix="keep host on loopback (the stack uses the host network) and put a front that "
+            "forwards only /v1/ and /health before it (docs/SECURITY.md)",
         )
     if launch.settings.api_key is not None:
         raise VfleetError(

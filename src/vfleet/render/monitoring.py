@@ -51,7 +51,8 @@ def scrape_target(launch: Launch) -> dict[str, Any]:
     sidecar = sidecar_config(launch)
     return {
         "labels": sidecar["labels"],
-        "vllm_port": launch.port,
+        # vLLM's own port: behind a front it answers only on its host's loopback.
+        "vllm_port": launch.vllm_port,
         "sidecar_port": int(sidecar["listen"].rsplit(":", 1)[1]),
         "alerts": effective_alerts(launch).model_dump(exclude_none=True),
     }

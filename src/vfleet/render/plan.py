@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from vfleet import __version__
 from vfleet.config.apikey import KEY as API_KEY_FILE_KEY
 from vfleet.config.apikey import read_api_key_file
+from vfleet.config.defaults import NGINX_PACKAGE
 from vfleet.config.pins import healthcheck_version, plugin_version, requirements
 from vfleet.config.profiles import validation_error
 from vfleet.config.schema import Accelerator, HostVars, ModelArch, Stack
@@ -39,6 +40,9 @@ from vfleet.render.monitoring import PM2_FILE, PM2_NAME, prometheus_files, scrap
 from vfleet.render.release import (
     context,
     expected_unit_directives,
+    front_context,
+    front_pm2_name,
+    front_unit_name,
     local_host,
     pm2_name,
     probe_config,
@@ -167,9 +171,9 @@ class Service:
     server_module: str
     """The Python module launch.sh runs (`python -m MODULE --config vllm.yaml`)."""
     listen_host: str
-    """The address the API listens on."""
+    """The address vLLM listens on (loopback behind a front)."""
     port: int
-    """The API's port."""
+    """vLLM's own port: the API and /metrics (behind a front: on loopback only)."""
     url: str
     """The API's URL as seen from the host."""
     served_model_name: str
@@ -194,6 +198,30 @@ class Sidecar:
     """The sidecar's systemd unit."""
     unit_directives: str
     """What vfleet-verify-unit accepts in the sidecar's unit."""
+
+
+@dataclass(frozen=True)
+class Front:
+    """The nginx front before vLLM (rule `front`): only the allowed routes leave the box."""
+
+    host: str
+    """Where clients connect: the deployment's host."""
+    port: int
+    """... and port."""
+    url: str
+    """Its URL as seen from the host (the deploy checks /health through it)."""
+    vllm_port: int
+    """vLLM's own port behind it, on loopback."""
+    conf: str
+    """Its nginx configuration in the release."""
+    unit_name: str
+    """Its systemd unit (vfleet-front@INSTANCE.service)."""
+    unit_directives: str
+    """What vfleet-verify-unit accepts in its unit."""
+    pm2_name: str
+    """Its pm2 app."""
+    log_file: str
+    """Its log (nginx's errors)."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +290,8 @@ class Plan:
     """The settings the plan was made with (key=value; the API key file's key included)."""
     cache_seed: CacheSeed | None = None
     """vfleet_cache_seed's verdict for this plan (render.cache_seed); None when none given."""
+    front: Front | None = None
+    """The nginx front; None where vLLM itself is what clients reach (loopback, no front)."""
 
     def cache_identity(self) -> dict[str, Any]:
         """What a cache seed of this instance says it was made with (render.cache_seed)."""
@@ -338,6 +368,7 @@ class Plan:
             "pm2": asdict(self.pm2),
             "sets": list(self.sets),
             "cache_seed": asdict(self.cache_seed) if self.cache_seed else None,
+            "front": asdict(self.front) if self.front else None,
         }
 
     @classmethod
@@ -397,6 +428,7 @@ class Plan:
             release_secret_env=list(d["release_secret_env"]),
             sets=list(d["sets"]),
             cache_seed=CacheSeed(**d["cache_seed"]) if d.get("cache_seed") else None,
+            front=Front(**d["front"]) if d.get("front") else None,
         )
 
 
@@ -470,7 +502,11 @@ def plan(
             stack=stack,
             packages=requirements(stack),
             remove_packages=list(stack.remove_packages),
-            os_packages=list(launch.profile.os_packages),
+            # The front's nginx comes from the OS, installed by the preflight like the rest.
+            os_packages=[
+                *launch.profile.os_packages,
+                *([NGINX_PACKAGE] if launch.decisions.front else []),
+            ],
         ),
         dirs=Dirs(
             base=h.base_dir,
@@ -506,8 +542,8 @@ def plan(
             user=h.service_user,
             log_file=h.log_file(inst),
             server_module=launch.server_module,
-            listen_host=launch.listen_host,
-            port=launch.port,
+            listen_host=launch.vllm_host,
+            port=launch.vllm_port,
             url=probe_config(launch)["url"],
             served_model_name=launch.served_model_name,
             start_timeout_s=launch.profile.start_timeout_s,
@@ -532,6 +568,23 @@ def plan(
             if cache_seed
             else None
         ),
+        front=_front(launch) if launch.decisions.front else None,
+    )
+
+
+def _front(launch: Launch) -> Front:
+    inst = launch.instance
+    f = front_context(launch)
+    return Front(
+        host=launch.listen_host,
+        port=launch.port,
+        url=f"http://{local_host(launch)}:{launch.port}",
+        vllm_port=launch.vllm_port,
+        conf=f["conf"],
+        unit_name=front_unit_name(inst),
+        unit_directives=" ".join(expected_unit_directives(launch, "front")),
+        pm2_name=front_pm2_name(inst),
+        log_file=launch.host.front_log_file(inst),
     )
 
 

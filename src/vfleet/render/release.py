@@ -21,15 +21,17 @@ import jinja2
 import yaml
 
 from vfleet import __version__
-from vfleet.config.defaults import STOP_MARGIN_S
+from vfleet.config.defaults import NGINX, STOP_MARGIN_S
 from vfleet.config.escape import (
     js_literal,
+    nginx_word,
     one_line,
     shell_word,
     systemd_command,
     systemd_path,
     systemd_value,
 )
+from vfleet.engine.api_routes import ALLOWED_ROUTES
 from vfleet.engine.compile import Launch
 from vfleet.engine.rules import CACHE_ENV, DRAFT_VOCAB_FILE, plugin_state_file
 from vfleet.engine.warmup import warmup_plan
@@ -69,7 +71,11 @@ def template_env() -> jinja2.Environment:
     )
     # Every value a template writes goes through its target's helper (src/vfleet/config/escape.py).
     env.filters.update(
-        systemd=systemd_value, systemd_path=systemd_path, sh=shell_word, one_line=one_line
+        systemd=systemd_value,
+        systemd_path=systemd_path,
+        sh=shell_word,
+        one_line=one_line,
+        nginx=nginx_word,
     )
     return env
 
@@ -99,6 +105,45 @@ def sidecar_unit_name(instance: str) -> str:
 
 def sidecar_pm2_name(instance: str) -> str:
     return f"vfleet-sidecar-{instance}"
+
+
+def front_unit_name(instance: str) -> str:
+    return f"vfleet-front@{instance}.service"
+
+
+def front_pm2_name(instance: str) -> str:
+    return f"vfleet-front-{instance}"
+
+
+FRONT_CONF = "nginx-front.conf"
+# How long the front waits for the next byte of an answer (a long generation streams).
+FRONT_READ_TIMEOUT_S = 600
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def front_context(launch: Launch) -> dict[str, Any]:
+    """The nginx front's values, each one nginx word (config/escape.py)."""
+    h, inst = launch.host, launch.instance
+    prefix = f"{h.instance_dir(inst)}/state"
+    return {
+        "listen": nginx_word(_address(launch.listen_host, launch.port), "host"),
+        "upstream": nginx_word(_address(launch.vllm_host, launch.vllm_port), "host"),
+        "prefix": nginx_word(prefix, "base_dir"),
+        "conf": nginx_word(f"{h.instance_dir(inst)}/current/{FRONT_CONF}", "base_dir"),
+        "nginx": NGINX,
+        "routes": ALLOWED_ROUTES,
+        "read_timeout_s": FRONT_READ_TIMEOUT_S,
+    }
+
+
+def front_argv(launch: Launch, test: bool = False) -> list[str]:
+    """nginx in the foreground (`daemon off;` in its file), errors to its log."""
+    f = front_context(launch)
+    return [f["nginx"], *(["-t", "-q"] if test else []), "-e", "stderr", "-p", f"{f['prefix']}/",
+            "-c", f["conf"]]  # fmt: skip
 
 
 def _yaml_entry(key: str, value: Any) -> str:
@@ -168,6 +213,23 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
             },
         ]
     }
+    if launch.decisions.front:
+        front = front_argv(launch)
+        apps["apps"].append(
+            {
+                "name": front_pm2_name(inst),
+                "script": front[0],
+                "args": front[1:],
+                "interpreter": "none",
+                "cwd": instance_dir,
+                "autorestart": True,
+                "restart_delay": 5000,
+                "out_file": h.front_log_file(inst),
+                "error_file": h.front_log_file(inst),
+                "merge_logs": True,
+                "time": True,
+            }
+        )
     return {
         "header": header,
         "header_js": header.replace("# ", "// ", 1),
@@ -221,6 +283,17 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
         "vllm_unit": unit_name(inst),
         "apps_json": js_literal(apps),
         "service_user_js": js_literal(h.service_user),
+        **(_front_values(launch) if launch.decisions.front else {}),
+    }
+
+
+def _front_values(launch: Launch) -> dict[str, Any]:
+    return {
+        "front": front_context(launch),
+        "front_prefix": front_context(launch)["prefix"],
+        "front_log_file": launch.host.front_log_file(launch.instance),
+        "front_command": systemd_command(front_argv(launch)),
+        "front_test_command": systemd_command(front_argv(launch, test=True)),
     }
 
 
@@ -230,8 +303,16 @@ def _under_home(path: str) -> bool:
 
 def local_host(launch: Launch) -> str:
     """The address a client on the same host uses for what listens on listen_host."""
-    host = launch.listen_host
+    return _reached_at(launch.listen_host)
+
+
+def _reached_at(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def vllm_url(launch: Launch) -> str:
+    """vLLM itself as the probe and the sidecar on its host reach it (behind the front too)."""
+    return f"http://{_reached_at(launch.vllm_host)}:{launch.vllm_port}"
 
 
 def cache_dirs(launch: Launch) -> list[str]:
@@ -242,7 +323,7 @@ def cache_dirs(launch: Launch) -> list[str]:
 def probe_config(launch: Launch) -> dict[str, Any]:
     inst_dir = launch.host.instance_dir(launch.instance)
     return {
-        "url": f"http://{local_host(launch)}:{launch.port}",
+        "url": vllm_url(launch),
         "served_model_name": launch.served_model_name,
         "env_file": f"{launch.host.instance_dir(launch.instance)}/current/vllm.env",
         "state_dir": f"{launch.host.instance_dir(launch.instance)}/state",
@@ -251,8 +332,8 @@ def probe_config(launch: Launch) -> dict[str, Any]:
         "prereqs": {
             "model_dir": launch.model_dir,
             "writable": [*cache_dirs(launch), f"{inst_dir}/home", f"{inst_dir}/state"],
-            "host": local_host(launch),
-            "port": launch.port,
+            "host": _reached_at(launch.vllm_host),
+            "port": launch.vllm_port,
             "gpus": launch.profile.accelerator.count,
             # More than this used on a GPU before start: a previous server still holds it.
             "gpu_free_mib": 1024,
@@ -322,7 +403,11 @@ def release_manifest(launch: Launch, files: dict[str, str]) -> dict[str, Any]:
     }
 
 
-UNIT_TEMPLATES = {"vllm": "vfleet-vllm.service.j2", "sidecar": "vfleet-sidecar.service.j2"}
+UNIT_TEMPLATES = {
+    "vllm": "vfleet-vllm.service.j2",
+    "sidecar": "vfleet-sidecar.service.j2",
+    "front": "vfleet-front.service.j2",
+}
 
 
 def unit_directives(text: str) -> list[str]:
@@ -384,6 +469,12 @@ def render_files(launch: Launch) -> list[RenderedFile]:
             0o644,
         ),
     }
+    if launch.decisions.front:
+        out[FRONT_CONF] = (env.get_template("nginx-front.conf.j2").render(ctx), 0o644)
+        out[front_unit_name(launch.instance)] = (
+            env.get_template(UNIT_TEMPLATES["front"]).render(ctx),
+            0o644,
+        )
     if launch.draft_vocab is not None:
         out[DRAFT_VOCAB_FILE] = (launch.draft_vocab, 0o644)
     # The manifest hashes the other files, the env file without its secrets' values.

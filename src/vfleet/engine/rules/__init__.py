@@ -55,8 +55,9 @@ __all__ = [
 # that touch one argument the later wins (operator-overrides last). tests/unit/test_rules.py
 # holds the recorded order.
 RULES: tuple[Rule, ...] = (
-    # identity
+    # identity (where it listens follows what may leave the box: api_surface.front)
     identity.model,
+    api_surface.front,
     identity.listen,
     identity.api_key_in_env,
     # hardware

@@ -1,9 +1,10 @@
-"""Rules: the API surface and the service around it (parsers, benchmark mode, observability,
-the metrics sidecar, draining, restart policy)."""
+"""Rules: the API surface and the service around it (what leaves the box, parsers, benchmark
+mode, observability, the metrics sidecar, draining, restart policy)."""
 
 from __future__ import annotations
 
-from vfleet.config.defaults import SHUTDOWN_TIMEOUT_S
+from vfleet.config.defaults import DEFAULT_HOST, DEFAULT_PORT, SHUTDOWN_TIMEOUT_S
+from vfleet.engine.api_routes import ALLOWED_ROUTES, is_loopback
 from vfleet.engine.rules.core import (
     SEED_A100,
     SEED_BOOST,
@@ -12,6 +13,64 @@ from vfleet.engine.rules.core import (
     rule,
 )
 from vfleet.errors import Refused
+
+# Behind the front vLLM listens on loopback at the public port + this (8000 -> 18000): derived,
+# so two instances on one box keep distinct ports without configuration.
+FRONT_INTERNAL_PORT_OFFSET = 10000
+# vLLM mounts its unauthenticated control routes (/collective_rpc, /sleep, /pause, ...) when
+# this is set to a number other than 0 (vllm/envs.py).
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+SECURITY_DOC = "docs/SECURITY.md (Only the API leaves the box)"
+
+
+def _dev_mode(c: Ctx) -> bool:
+    value = (c.s.extra_env or {}).get(DEV_MODE_ENV)
+    return value is not None and value.strip() not in ("", "0")
+
+
+@rule(
+    "front",
+    SECURITY_DOC + "; vLLM source (the API-key guard covers only some path prefixes)",
+    "off loopback, only the OpenAI API with the key and /health leave the box",
+)
+def front(c: Ctx) -> None:
+    host = c.s.host or DEFAULT_HOST
+    port = c.s.port or DEFAULT_PORT
+    local = is_loopback(host)
+    if not local and c.s.front is False:
+        c.refuse(
+            f"front is false but host {host} is not loopback: vLLM would serve /invocations, "
+            "/tokenize, /metrics and more without the key to other machines",
+            "drop `front: false` (the nginx front forwards only the API), or set host 127.0.0.1",
+        )
+    if not local and _dev_mode(c):
+        c.refuse(
+            f"extra_env {DEV_MODE_ENV} on host {host}, which is not loopback: dev mode mounts "
+            "/collective_rpc, /sleep, /pause and /reset_prefix_cache, none behind the key",
+            f"drop extra_env.{DEV_MODE_ENV}, or set host 127.0.0.1",
+        )
+    if not local and c.s.api_key is None and not c.s.allow_no_api_key:
+        c.refuse(
+            f"host {host} is not loopback and there is no api_key: anyone who reaches it "
+            "can use the model",
+            "give a key (make deploy API_KEY_FILE=path, vfleet_api_key_file), or set "
+            "allow_no_api_key true to serve it open on purpose",
+        )
+    on = not local or bool(c.s.front)
+    c.d.host, c.d.port, c.d.front = host, port, on
+    if not on:
+        c.d.vllm_host, c.d.vllm_port = host, port
+        return
+    inner = port + FRONT_INTERNAL_PORT_OFFSET
+    if inner > 65535:
+        c.refuse(
+            f"port {port}: vLLM's port behind the front ({port} + "
+            f"{FRONT_INTERNAL_PORT_OFFSET}) is out of range",
+            f"set port at most {65535 - FRONT_INTERNAL_PORT_OFFSET}",
+        )
+    c.d.vllm_host, c.d.vllm_port = DEFAULT_HOST, inner
+    routes = ", ".join(r.path for r in ALLOWED_ROUTES)
+    c.info(f"nginx front on {host}:{port} forwards only {routes} to vLLM on {DEFAULT_HOST}:{inner}")
 
 
 @rule("parsers", SEED_A100 + "; " + SEED_SYSTEMD, "Qwen3 reasoning and tool-call parsers")
@@ -69,7 +128,7 @@ SIDECAR_PORT_OFFSET = 1500
 def sidecar(c: Ctx) -> None:
     port = c.d.port
     sidecar = c.s.sidecar_port or port + SIDECAR_PORT_OFFSET
-    if sidecar == port or sidecar > 65535:
+    if sidecar in (port, c.d.vllm_port) or sidecar > 65535:
         raise Refused(
             "sidecar",
             f"the sidecar port {sidecar} collides with vLLM's port or is out of range",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from vfleet.config.defaults import DEFAULT_HOST, DEFAULT_PORT
 from vfleet.engine.rules.core import (
     FIELD_NOTES,
     Ctx,
@@ -22,12 +21,15 @@ def model(c: Ctx) -> None:
 
 @rule("listen", "vfleet default", "listen on loopback unless told otherwise")
 def listen(c: Ctx) -> None:
-    host = c.s.host or DEFAULT_HOST
-    port = c.s.port or DEFAULT_PORT
-    c.d.host, c.d.port = host, port
-    why = "loopback by default: put nginx or a firewall in front before opening it"
-    c.arg("host", host, why if host.startswith("127.") else "operator setting")
-    c.arg("port", port, "OpenAI-compatible API and /metrics")
+    # Where: the rule `front` (api_surface) decided it, and whether vLLM hides behind nginx.
+    if c.d.front:
+        why = f"behind the nginx front on {c.d.host}:{c.d.port}: only it may be reached"
+    elif c.d.vllm_host.startswith("127."):
+        why = "loopback by default: put nginx or a firewall in front before opening it"
+    else:
+        why = "operator setting"
+    c.arg("host", c.d.vllm_host, why)
+    c.arg("port", c.d.vllm_port, "OpenAI-compatible API and /metrics")
 
 
 # The variable vLLM reads the API key from.

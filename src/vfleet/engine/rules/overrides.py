@@ -73,6 +73,12 @@ def auto_memory(c: Ctx) -> None:
 )
 def operator_overrides(c: Ctx) -> None:
     for key, value in (c.s.extra_args or {}).items():
+        if c.d.front and key.replace("_", "-") in ("host", "port", "uds"):
+            c.refuse(
+                f"extra_args {key} would move vLLM off its loopback address behind the front",
+                "set host and port (the front listens there; vLLM stays on loopback)",
+                "docs/SECURITY.md (Only the API leaves the box)",
+            )
         if key in c.args:
             c.warn(
                 f"extra_args overrides --{key} (was {c.args[key].value!r} from rule "

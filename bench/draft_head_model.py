@@ -9,11 +9,19 @@ Cost model (docs/GPU.md section 7): per draft call, pruning saves the rows it do
 card's bandwidth: its extra op (the id map), launch and the bandwidth it fails to reach, measured
 on the H200 as ``(pruned time - pruned bytes / bw) - (full time - full bytes / bw)``. It pays on a
 card when the first exceeds the second; MTP k makes k such calls per decode step.
+
+Run: ``python bench/draft_head_model.py bench/results/h200/draft-head-run*.json`` prints the
+model's table for the cards below from those measurements (the largest fixed cost measured).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 # The plugin's table size: rule `plugin` takes min(this, vocabulary // 2)
 # (src/vfleet/engine/rules/hardware.py DRAFT_VOCAB_TOP; a unit test keeps the two equal: the
@@ -122,3 +130,63 @@ def step_saving_ms(tokens_per_step: float, before_tps: float, after_tps: float) 
 def fraction_of_bound(nbytes: int, ms: float, copy_gbs: float) -> float:
     """Achieved read bandwidth over the card's measured copy bandwidth (1.0 = at the bound)."""
     return nbytes / (ms / 1e3) / 1e9 / copy_gbs
+
+
+# The cards of the stacks that carry (or could carry) the plugin, each at the TP its stack runs
+# a 27B model with; a card with 0 GB/s takes the measured copy bandwidth.
+CARDS = (
+    Card("2080 Ti", 616.0, 2, "datasheet, seed 000's figure; 2x 2080 Ti stacks run TP 2"),
+    Card("A100 40 GB", 1555.0, 1, "datasheet (the 80 GB SXM part: 2,039); seed 001 runs TP 1"),
+    Card("H200", 0.0, 1, "the measured copy bandwidth, from the results"),
+)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the model takes from draft_head_gpu.py's results: the copy bandwidth (median over
+    the files) and the largest fixed cost per call of any case."""
+
+    copy_gbs: float
+    fixed_us: float
+
+
+def read_results(paths: list[Path]) -> Measured:
+    docs = [json.loads(p.read_text()) for p in paths]
+    bw = statistics.median(float(d["copy_gbs"]) for d in docs)
+    fixed = max(float(r["eager_fixed_us"]) for d in docs for r in d["rows"])
+    return Measured(bw, max(fixed, 0.0))
+
+
+def table(measured: Measured) -> list[Prediction]:
+    out = []
+    for card in CARDS:
+        if not card.gbs:  # the measured card
+            card = Card(card.name, measured.copy_gbs, card.tp, card.source)
+        out.extend(predict(SHAPES[s], card, measured.fixed_us) for s in ("qwen", "mid", "tiny"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="the pruning cost model from draft_head.json files")
+    ap.add_argument("results", nargs="+", type=Path, help="draft_head.json files (one card)")
+    args = ap.parse_args(argv)
+    try:
+        measured = read_results(args.results)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"{exc}: give draft_head.json files written by draft_head_gpu.py", file=sys.stderr)
+        return 2
+    print(
+        f"copy bandwidth {measured.copy_gbs:.0f} GB/s; fixed cost {measured.fixed_us:.1f} us per "
+        f"call (the largest measured); {MTP_STEPS} draft calls per step"
+    )
+    print("card         shape TP  full us  pruned us  saved us  net us/call  net ms/step")
+    for p in table(measured):
+        print(
+            f"{p.card:<12} {p.shape:<5} {p.tp:>2}  {p.full_us:>7}  {p.pruned_us:>9}  "
+            f"{p.saved_us:>8}  {p.net_us:>11}  {p.net_step_ms:>11}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -86,3 +87,23 @@ def test_step_saving_from_a_speed_up() -> None:
     # 69 -> 107 tok/s at 1 token per step: 14.49 - 9.35 = 5.15 ms per step
     assert m.step_saving_ms(1.0, 69.0, 107.0) == pytest.approx(5.147, abs=1e-3)
     assert m.step_saving_ms(4.0, 69.0, 107.0) == pytest.approx(4 * 5.147, abs=4e-3)
+
+
+def test_the_table_from_the_h200_results(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = sorted((REPO / "bench" / "results" / "h200").glob("draft-head-run*.json"))
+    assert len(runs) == 2
+    measured = m.read_results(runs)
+    assert 4000 < measured.copy_gbs < 4500 and 0 < measured.fixed_us < 20
+    rows = {(p.card, p.shape): p for p in m.table(measured)}
+    # the 27B head pays on every card; the tiny head's 0.26 MB saves less than the fixed cost
+    assert all(rows[(c.name, "qwen")].net_us > 400 for c in m.CARDS)
+    assert all(rows[(c.name, "tiny")].net_us < 0 for c in m.CARDS)
+    assert m.main([str(p) for p in runs]) == 0
+    assert "2080 Ti      qwen   2   2064.0" in capsys.readouterr().out
+
+
+def test_bad_results_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "draft_head.json"
+    bad.write_text('{"rows": []}')
+    assert m.main([str(bad)]) == 2
+    assert "draft_head.json" in capsys.readouterr().err

@@ -204,7 +204,22 @@ _LOG_PATTERNS: dict[str, str] = {
 _LOG_GROUP = {"load_s": 2, "graph_pool_gib": 2, "requested_gib": 2, "max_concurrency": 2}
 _SLEEP_LINE = re.compile(rf"Sleep mode freed {_NUM} GiB memory, {_NUM} GiB memory is still in use")
 _RELOAD_LINE = re.compile(rf"Reloading and processing weights took {_NUM} seconds")
-_ERROR_LINE = re.compile(r"Traceback|Error|ERROR|CUDA out of memory|EngineCore.*died")
+# An error is a line vLLM logs at ERROR or CRITICAL, or an unlevelled traceback or exception
+# line (a crashed process's stderr). A levelled line at DEBUG/INFO/WARNING is not, whatever it
+# holds: the DEBUG env dump names VLLM_TOOL_JSON_ERROR_AUTOMATIC_RETRY and the ulimit WARNING
+# mentions "OSError" on every healthy start.
+_LEVEL = re.compile(r"^(?:\([^)]*\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s")
+_ERROR_LINE = re.compile(
+    r"Traceback \(most recent call last\)|CUDA out of memory|EngineCore.*died"
+    r"|^(?:\([^)]*\)\s+)?[A-Za-z_][\w.]*(?:Error|Exception)\b"
+)
+
+
+def is_error_line(line: str) -> bool:
+    level = _LEVEL.match(line.strip())
+    if level:
+        return level.group(1) in ("ERROR", "CRITICAL")
+    return bool(_ERROR_LINE.search(line.strip()))
 
 
 @dataclass
@@ -263,7 +278,7 @@ def parse_log(text: str) -> LogTerms:
             if " on vLLM " in ln and "vfleet-sm75 " in ln
         }
     )
-    out.errors = [ln.strip()[:300] for ln in text.splitlines() if _ERROR_LINE.search(ln)][:20]
+    out.errors = [ln.strip()[:300] for ln in text.splitlines() if is_error_line(ln)][:20]
     return out
 
 
@@ -951,12 +966,16 @@ def serve_one(
     return rec
 
 
-def greedy_identity(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Every configuration's greedy replies against the MTP-off reference (same prompts)."""
+NOT_RUN = "not run (no-mtp, the MTP-off reference, did not run)"
+
+
+def greedy_identity(records: Sequence[dict[str, Any]]) -> dict[str, Any] | str:
+    """Every configuration's greedy replies against the MTP-off reference (same prompts);
+    ``NOT_RUN`` when the reference did not run (nothing was compared)."""
     ref = next((r for r in records if r["name"] == "no-mtp" and "greedy" in r), None)
-    out: dict[str, Any] = {"reference": ref["name"] if ref else None, "same": {}}
     if ref is None:
-        return out
+        return NOT_RUN
+    out: dict[str, Any] = {"reference": ref["name"], "same": {}}
 
     def texts(rec: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [(x.get("reasoning"), x.get("content")) for x in rec["greedy"]["replies"]]
@@ -1021,7 +1040,9 @@ def summary_md(result: dict[str, Any]) -> str:
             f"{'-' if acc is None else f'{acc:.3f}'} | {'-' if mal is None else f'{mal:.2f}'} | "
             f"{r.get('error', '')} |"
         )
-    lines += ["", f"greedy identical to MTP off: {json.dumps(result['greedy_identity'])}"]
+    ident = result["greedy_identity"]
+    ident = ident if isinstance(ident, str) else json.dumps(ident)
+    lines += ["", f"greedy identical to MTP off: {ident}"]
     lines += [f"greedy pairs: {json.dumps(result.get('greedy_pairs', {}))}", ""]
     for r in result["configs"]:
         if "decode" in r:

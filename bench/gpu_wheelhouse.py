@@ -268,6 +268,13 @@ def install(args: argparse.Namespace) -> int:
         for piece in pieces:
             piece.unlink()
     wheels = sorted(house.glob("*.whl"))
+    if not wheels:
+        print(
+            f"{house}: no wheels and no chunk-NN pieces: carry them first "
+            "(bench/gpu_device_steps.sh send N here, recv there)",
+            file=sys.stderr,
+        )
+        return 2
     # Requirements the resolved set puts on each name (for the skip test).
     wants: dict[str, list[Requirement]] = {}
     for w in wheels:
@@ -299,6 +306,9 @@ def install(args: argparse.Namespace) -> int:
         f"{len(take)} into {args.target}",
         flush=True,
     )
+    if not take:  # e.g. --only flashinfer-cubin when none was built: pip would refuse (exit 1)
+        print(f"nothing to install into {args.target}", flush=True)
+        return 0
     cmd = [
         sys.executable,
         "-m",

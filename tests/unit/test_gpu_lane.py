@@ -144,7 +144,30 @@ def test_greedy_identity_compares_every_config_with_mtp_off() -> None:
 
     out = lane.greedy_identity([rec("main", "a"), rec("no-mtp", "a"), rec("fp16", "b")])
     assert out == {"reference": "no-mtp", "same": {"main": True, "fp16": False}}
-    assert lane.greedy_identity([rec("main", "a")])["reference"] is None
+    # issue 31: a skipped no-mtp read {"reference": null, "same": {}}, as if all had matched
+    assert lane.greedy_identity([rec("main", "a")]) == lane.NOT_RUN
+    assert lane.NOT_RUN.startswith("not run")
+
+
+# Lines of healthy H200 starts (bench/results/h200/no-mtp.log, main.log) that the old matcher
+# took for errors, and real error lines (tiny-sleep-fp8.log; a crashed process's stderr).
+HEALTHY = """(APIServer pid=3008) WARNING 12-01 13:34:39 [system_utils.py:299] Found ulimit of 20000 and failed to automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like `OSError: [Errno 24] Too many open files`
+(EngineCore pid=3949) DEBUG 12-01 13:38:18 [compilation/backends.py:1111]  'VLLM_TOOL_JSON_ERROR_AUTOMATIC_RETRY': False,
+(EngineCore pid=7) INFO 12-01 13:40:12 [core.py:338] init engine (profile, create kv cache, warmup model) took 31.20 s
+"""  # noqa: E501
+FAILED = """(EngineCore pid=1150) ERROR 12-01 16:15:00 [core.py:1449] Invocation of wake_up method failed
+Traceback (most recent call last):
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
+(EngineCore pid=9) CRITICAL 12-01 16:15:01 [core.py:900] EngineCore died
+"""  # noqa: E501
+
+
+def test_log_errors_are_errors_not_words_in_healthy_lines() -> None:
+    assert lane.parse_log(HEALTHY).errors == []
+    assert len(lane.parse_log(HEALTHY + FAILED).errors) == 4
+    for name in ("no-mtp.log", "main.log", "main-restart.log", "tiny-plugin-off.log"):
+        text = (REPO / "bench" / "results" / "h200" / name).read_text(errors="replace")
+        assert lane.parse_log(text).errors == [], name
 
 
 def test_matrix_renders_on_the_h200_profile_and_varies_every_term() -> None:

@@ -27,3 +27,18 @@ def test_model_make_refuses_a_non_empty_folder(cli: Callable[..., Result], tmp_p
     r = cli("model", "make", "tiny-dense", str(dest), "--python", "/bin/false")
     assert r.rc == 2 and "not empty" in r.err and "--force" in r.err
     assert (dest / "keep.txt").read_text() == "mine"
+
+
+def test_model_make_help_lists_every_generated_preset(
+    cli: Callable[..., Result], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # issue 31: the help named only the tiny models, though mid-hybrid-mtp is built the same way
+    with pytest.raises(SystemExit) as done:
+        cli("model", "make", "--help")
+    out = " ".join(capsys.readouterr().out.split()).replace("- ", "-")
+    assert done.value.code == 0
+    for name in ("tiny-dense", "tiny-hybrid-mtp", "mid-hybrid-mtp"):
+        assert name in out
+    assert "qwen3.6-27b-fp8" not in out
+    r = cli("model", "make", "qwen3.6-27b-fp8", str(tmp_path / "m"))
+    assert r.rc == 2 and "mid-hybrid-mtp" in r.err

@@ -413,6 +413,19 @@ def _check_draft_acceptance(a: argparse.Namespace, generator: str) -> None:
         ) from None
 
 
+def _generated_models(root: Path) -> list[str]:
+    """The presets `model make` builds: those whose source names a generator (a preset that
+    does not load is left out here; loading it by name says what is wrong)."""
+    names = []
+    for name in list_models(root):
+        try:
+            if load_model(name, root).source.generator is not None:
+                names.append(name)
+        except VfleetError:
+            continue
+    return names
+
+
 def cmd_model_make(a: argparse.Namespace) -> int:
     preset = load_model(a.name, profiles_dir(a.profiles_dir))
     gen = preset.source.generator
@@ -421,7 +434,8 @@ def cmd_model_make(a: argparse.Namespace) -> int:
             f"{a.name} is not a generated model (it comes from "
             f"{preset.source.hf_repo or 'elsewhere'})",
             key="name",
-            fix="vfleet model make builds only tiny-dense and tiny-hybrid-mtp",
+            fix="vfleet model make builds only generated presets: "
+            + ", ".join(_generated_models(profiles_dir(a.profiles_dir))),
         )
     if a.draft_acceptance is not None:
         _check_draft_acceptance(a, gen)
@@ -625,14 +639,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("model", help="tiny test models")
     msub = m.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
+    generated = ", ".join(_generated_models(profiles_dir(None))) or "none found"
     mm = msub.add_parser(
         "make",
-        help="build a tiny random-weight model locally (no downloads)",
-        description="Build tiny-dense or tiny-hybrid-mtp into DIR. Needs a "
+        help="build a random-weight test model locally (no downloads)",
+        description=f"Build a generated model preset ({generated}) into DIR. Needs a "
         "python with torch, transformers and tokenizers (a vLLM venv has them).",
     )
     _common(mm)
-    mm.add_argument("name", help="tiny-dense or tiny-hybrid-mtp")
+    mm.add_argument("name", help=f"a preset whose source names a generator: {generated}")
     mm.add_argument("dir", help="destination folder")
     mm.add_argument("--python", help="python with torch + transformers (default: this one)")
     mm.add_argument("--seed", type=int, default=0, help="weights seed (default: 0)")

@@ -90,14 +90,20 @@ def card_memory(profile: HardwareProfile) -> CardMemory:
     acc = profile.accelerator
     nominal = float(acc.vram_gib or 0)
     cal = profile.calibration
+    known = CARDS.get((acc.gpu_model or "", nominal)) or CARDS.get((acc.gpu_model or "", 0))
     if cal is not None and cal.torch_total_mib:
+        # The profile's total replaces the card's; the CUDA context is a fact of the card (and
+        # driver), so a known card's figure stays rather than falling back to the default.
+        context = known or CardMemory(0, 0, "unverified", "")
         return CardMemory(
             int(cal.torch_total_mib * MIB),
             0,
             "seed log" if cal.torch_total_source.startswith("seeds/") else "unverified",
             f"profile calibration.torch_total_mib ({cal.torch_total_source or 'operator'})",
+            context.context_bytes,
+            context.context_uncertainty,
+            context.context_known,
         )
-    known = CARDS.get((acc.gpu_model or "", nominal)) or CARDS.get((acc.gpu_model or "", 0))
     if known is not None:
         return known
     total = int(nominal * GIB * (1 - UNKNOWN_CARD_KEPT))

@@ -1,0 +1,104 @@
+"""bench/gpu_device_steps.sh send/recv and bench/gpu_wheelhouse.py install, run for real (bash,
+pip) on a copy of the script and a wheel built here: issue 31's new-user faults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import REPO
+
+
+def _steps(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    bench = tmp_path / "repo" / "bench"
+    bench.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "bench" / "gpu_device_steps.sh", bench)
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    return subprocess.run(
+        ["bash", str(bench / "gpu_device_steps.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_send_puts_one_piece_in_the_carried_folder_and_recv_takes_it(tmp_path: Path) -> None:
+    lane = tmp_path / "repo" / ".gpulane"
+    lane.mkdir(parents=True)
+    for n in (1, 2, 12):
+        (lane / f"chunk-{n:02d}").write_bytes(bytes([n]) * 10)
+    r = _steps(tmp_path, "send", "2")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (lane / "send").iterdir()) == ["chunk-02"]
+    assert "of 3 pieces" in r.stdout
+    assert _steps(tmp_path, "send", "12").returncode == 0
+    assert [p.name for p in (lane / "send").iterdir()] == ["chunk-12"]
+    assert _steps(tmp_path, "recv").returncode == 0
+    assert (tmp_path / "home" / "wh" / "chunk-12").read_bytes() == bytes([12]) * 10
+
+
+def test_send_refuses_a_missing_or_malformed_piece(tmp_path: Path) -> None:
+    (tmp_path / "repo" / ".gpulane").mkdir(parents=True)
+    r = _steps(tmp_path, "send", "3")
+    assert r.returncode == 2 and ".gpulane/chunk-03: no such piece" in r.stderr
+    r = _steps(tmp_path, "send", "3;id")
+    assert r.returncode == 2 and "piece number" in r.stderr
+    assert not (tmp_path / "repo" / ".gpulane" / "send").exists()
+
+
+def _wheel(folder: Path, name: str) -> Path:
+    """A minimal real wheel pip installs: one module and its dist-info."""
+    whl = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr(f"{name}.py", "VALUE = 1\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        z.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        z.writestr(f"{info}/RECORD", "")
+    return whl
+
+
+def _install(house: Path, target: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    script = str(REPO / "bench" / "gpu_wheelhouse.py")
+    return subprocess.run(
+        [
+            sys.executable,
+            script,
+            "install",
+            "--wheelhouse",
+            str(house),
+            "--target",
+            str(target),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_install_of_an_absent_cubin_is_nothing_to_do(tmp_path: Path) -> None:
+    house = tmp_path / "wh"
+    house.mkdir()
+    _wheel(house, "vfleet_demo_pkg")
+    # before the fix pip was called with no wheel: "You must give at least one requirement"
+    r = _install(house, tmp_path / "cubin", "--only", "flashinfer-cubin")
+    assert r.returncode == 0, r.stderr
+    assert "nothing to install" in r.stdout
+    r = _install(house, tmp_path / "site", "--leave", "flashinfer-cubin")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "site" / "vfleet_demo_pkg.py").is_file()
+
+
+def test_install_from_an_empty_wheelhouse_says_what_to_carry(tmp_path: Path) -> None:
+    (tmp_path / "wh").mkdir()
+    r = _install(tmp_path / "wh", tmp_path / "site")
+    assert r.returncode == 2 and "send N" in r.stderr and "Traceback" not in r.stderr

@@ -173,6 +173,16 @@ RECORDS: tuple[StackRecord, ...] = (
                 f"compile artefact: the cause is not established ({H200_RUN})",
             ),
             Claim(
+                "draft head at real shapes",
+                Level.GPU,
+                "torch only, no vLLM (bench/draft_head_gpu.py, eager as vLLM runs the draft "
+                "head): the 27B head's draft call 0.629 -> 0.189 ms pruned at TP 1 (95 % and 84 % "
+                "of the measured 4.2 TB/s copy bandwidth), 0.337 -> 0.098 ms per TP 2 rank; mid "
+                "0.079 -> 0.047 ms; tiny 0.023 -> 0.032 ms (host-bound). The pruned head's fixed "
+                "cost is at most ~10 us a call: the head does not explain the lane's plugin-on "
+                f"slowdown (GPU.md section 7; bench/results/h200/draft-head-run*.json)",
+            ),
+            Claim(
                 "restart caches",
                 Level.GPU,
                 "tiny model restarts with one cache taken away at a time: to the first token 39 s "

@@ -180,7 +180,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 "of the measured 4.2 TB/s copy bandwidth), 0.337 -> 0.098 ms per TP 2 rank; mid "
                 "0.079 -> 0.047 ms; tiny 0.023 -> 0.032 ms (host-bound). The pruned head's fixed "
                 "cost is at most ~10 us a call: the head does not explain the lane's plugin-on "
-                f"slowdown (GPU.md section 7; bench/results/h200/draft-head-run*.json)",
+                "slowdown (GPU.md section 7; bench/results/h200/draft-head-run*.json)",
             ),
             Claim(
                 "restart caches",

@@ -196,3 +196,21 @@ def test_the_report_gives_each_stopped_host_its_reason() -> None:
     assert "lost (unreachable) during its swap" in text and "left drained" in text
     assert "why node1: unreachable: Failed to connect to the host via ssh" in text
     assert "why node2" not in text and "not touched" in text
+
+
+def test_the_balancers_report_row_has_no_gate_verdict_and_is_not_a_host_name(
+    tmp_path: Path,
+) -> None:
+    """The report's "(balancer)" row is not an inventory host: reading the gate's verdicts
+    must skip it (a host-name check on it ended every swap behind a balancer with exit 2, seen
+    in a fresh-clone run: the fleet swap, the broken canary, the gate, tune and the lost host),
+    while a host name that is a path is still refused."""
+    (tmp_path / "node1.json").write_text(
+        json.dumps({"verdict": {"state": "pass", "reference": "release r1", "checks": []}})
+    )
+    assert swap._perf_verdict(tmp_path, swap.BALANCER) is None
+    verdict = swap._perf_verdict(tmp_path, "node1")
+    assert verdict is not None and (verdict.state, verdict.reference) == ("pass", "release r1")
+    assert swap._perf_verdict(None, "node1") is None
+    with pytest.raises(swap.VfleetError, match="not a plain inventory host name"):
+        swap._perf_verdict(tmp_path, "../node1")

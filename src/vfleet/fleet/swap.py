@@ -478,8 +478,12 @@ def _run(
 
 
 def _perf_verdict(folder: Path | None, host: str) -> Verdict | None:
-    path = folder / f"{host_name(host)}.json" if folder else None
-    if path is None or not path.exists():
+    """The performance gate's verdict for an inventory host; none for the balancer's own row
+    (BALANCER is a report row, never a host: no gate, and not a name to check as a path)."""
+    if folder is None or host == BALANCER:
+        return None
+    path = folder / f"{host_name(host)}.json"
+    if not path.exists():
         return None
     data = json.loads(path.read_text(encoding="utf-8"))
     return Verdict.from_dict(data["verdict"])

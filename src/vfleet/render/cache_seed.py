@@ -17,8 +17,10 @@ preflight on an unsigned or wrongly signed one. The host verifies it again befor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,9 +98,15 @@ def _bad(path: str, what: str, key: str = "vfleet_cache_seed") -> VfleetError:
 def read_manifest(path: str) -> dict[str, Any]:
     """The seed's manifest, checked against its members' headers (not its signature).
     VfleetError (file + fix) when the file is not a readable seed."""
+    with _seed_errors(path), tarfile.open(path, mode="r:") as tar:
+        return parse_manifest(read_seed(tar, MANIFEST, None))
+
+
+@contextlib.contextmanager
+def _seed_errors(path: str) -> Iterator[None]:
+    """A seed that cannot be read or is refused: VfleetError naming the file."""
     try:
-        with tarfile.open(path, mode="r:") as tar:
-            return parse_manifest(read_seed(tar, MANIFEST, None))
+        yield
     except FileNotFoundError:
         raise _bad(path, "cache seed not found") from None
     except (OSError, tarfile.TarError) as exc:
@@ -128,17 +136,11 @@ def read_signed_manifest(
             fix='give a readable file of lines `operator@example namespaces="vfleet-cache-seed" '
             "ssh-ed25519 AAAA...`",
         )
-    try:
+    with _seed_errors(path):
         with tarfile.open(path, mode="r:") as tar:
             seed = read_seed(tar, MANIFEST, into)
         manifest = parse_manifest(seed)  # first: its errors say more than a bad signature
         return manifest, verify(seed.manifest, seed.signature, allowed_signers)
-    except FileNotFoundError:
-        raise _bad(path, "cache seed not found") from None
-    except (OSError, tarfile.TarError) as exc:
-        raise _bad(path, f"cache seed is not a readable tar ({exc})") from None
-    except SeedError as exc:
-        raise _bad(path, f"cache seed refused: {exc}") from None
 
 
 @dataclass(frozen=True)

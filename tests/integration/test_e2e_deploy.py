@@ -407,10 +407,17 @@ def test_second_deploy_changes_nothing(deployed: subprocess.CompletedProcess[str
     root-owned 0600 file and to a root-owned folder, as the red team did) are never followed:
     the targets keep their owner and mode (ansible.builtin.file's recurse chowned them)."""
     planted = plant_links_as_the_service_user()
-    r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
-    assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
-    assert recap(r.stdout)["changed"] == 0, r.stdout[-6000:]
-    assert {p: (p.stat().st_uid, p.stat().st_mode) for p in planted} == planted
+    try:
+        r = make("deploy", f"SET=port={PORT} sidecar_port={SIDECAR_PORT}")
+        assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
+        assert recap(r.stdout)["changed"] == 0, r.stdout[-6000:]
+        assert {p: (p.stat().st_uid, p.stat().st_mode) for p in planted} == planted
+    finally:
+        # The links and the stand-in secrets go: later tests and runs start without them.
+        for name in ("x", "d"):
+            (BASE / "cache" / "main" / name).unlink(missing_ok=True)
+        for folder in {p.parent for p in planted if p.name == "shadow"}:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def plant_links_as_the_service_user() -> dict[Path, tuple[int, int]]:

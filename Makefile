@@ -290,7 +290,7 @@ TEST_WORKERS ?= 2
 # slower release rolled back, an as-fast one kept: in CI again since the gate re-measures a
 # failed bench and the test passes the tolerances measured under a fleet run's load;
 # docs/SWAP.md, docs/BENCHMARKS.md) and `vfleet tune` (climb vs exhaustive, the rollout and the
-# sidecar's recommended depth: 8 swaps, 8.5-12 min here beside other sessions, in the fleet
+# sidecar's recommended depth: 7 swaps, 8-11 min here beside other sessions, in the fleet
 # file so that it reuses its hosts; docs/TUNE.md, run 4). The crash loop, the rollback under systemd and the
 # two-replica swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy

@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,6 +132,30 @@ def pytest_itemcollected(item: pytest.Item) -> None:
                 f"{item.nodeid} is marked {', '.join(costly)}: such a test belongs in "
                 "tests/integration (`make unit` runs tests/unit, none of them)"
             )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, but a worker takes its next file only when one test of its own is
+    left, not two. xdist's two let the fleet worker take test_vllm_engine.py (4 min) when the
+    fleet file still had its two longest tests to run (16 min): the other worker ran out of
+    work and waited 3 minutes for it (CI run of 12562a3's parent, docs/BENCHMARKS.md). One is
+    the least that keeps a worker busy: it runs a test only once it knows the next one."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class LastTestFirst(LoadFileScheduling):  # type: ignore[misc]
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
+
+    return LastTestFirst(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1335,8 +1335,8 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     out, and any that failed) is the exhaustive table of every depth 0..4. Both pick the same
     depth; the host serves it, admitted to the balancer again, and the inventory's
     host_vars/node1/vfleet_tuned.yml says so, with the table beside it. The sidecar, given
-    traffic, reports the rolled-out depth as running and recommends it; swapped to depth 4, it
-    recommends the tuner's best from live acceptance and tune's step times."""
+    traffic, reports the rolled-out depth as running and recommends it (from live acceptance
+    and tune's step times)."""
     node1 = fleet.nodes["node1"]
     prefix, _url = lb
     t0 = time.monotonic()
@@ -1412,22 +1412,13 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
         assert at_winner["state"] == "speculation_off", at_winner
     else:
         assert at_winner["state"] == "ok" and names_best(at_winner, depth), at_winner
-    # From the deepest other depth, where every position of the winner is measured live: the
-    # sidecar names the tuner's best. One more swap, without the gate (slower on purpose).
-    other = "4" if depth != "4" else "3"
-    sets = next(r["sets"] for r in grid["results"] if r["picks"]["depth"] == other)
-    rc, _swapped, err = swap(
-        fleet, "node1", "--model", MODEL, *(x for v in sets for x in ("--set", v)),
-        "--no-perf-gate", "--balancer", str(prefix), inventory=inventory,
-    )  # fmt: skip
-    assert rc == 0, err[-3000:]
-    at_other = advice_after_traffic(node1)
     # Recorded: whether the sidecar process lived through the tune's swaps (docs/TUNE.md).
+    # The recommendation made from another depth than the best (live acceptance of the running
+    # depth, the table's beyond it) is tests/unit/test_depth.py's: a swap to that depth here
+    # cost a vLLM start (~75 s of CI) for logic the unit test fails on (docs/BENCHMARKS.md).
     pids = [sidecar_pid, unit_show(node1, "vfleet-sidecar@main.service")["MainPID"]]
-    record("tune_depth_advice", {"winner": depth, "at_winner": at_winner, "other": other,
-                                 "at_other": at_other, "sidecar_pids": pids})  # fmt: skip
-    assert at_other["running"] == float(other) and at_other["state"] == "ok", at_other
-    assert names_best(at_other, depth), at_other
+    record("tune_depth_advice", {"winner": depth, "at_winner": at_winner,
+                                 "sidecar_pids": pids})  # fmt: skip
     # Climb against exhaustive, on the table both read (the state file), not on the machine's
     # load: on 2 shared cores a depth's speed moved by up to 3x between candidates measured
     # minutes apart (docs/TUNE.md), so whether a depth the climb left out would win when

@@ -25,6 +25,7 @@ import pytest
 from tests.conftest import REPO, ansible_task_times, playbook_failure
 from vfleet.config.pins import venv_name, wheelhouse_name
 from vfleet.config.profiles import load_profile
+from vfleet.engine.rules.api_surface import FRONT_INTERNAL_PORT_OFFSET
 from vfleet.paths import tools_dir
 
 pytestmark = pytest.mark.vllm
@@ -45,7 +46,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-PORT = free_port()
+def free_front_port() -> int:
+    """A free port whose front-internal twin (port + 10000: vLLM's behind the nginx front) is
+    free too, for the deploy after `make stop`, which turns the front on."""
+    import random
+
+    for _ in range(200):  # bounded
+        port = random.randint(20000, 65535 - FRONT_INTERNAL_PORT_OFFSET)
+        try:
+            for p in (port, port + FRONT_INTERNAL_PORT_OFFSET):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for the front")
+
+
+PORT = free_front_port()
 SIDECAR_PORT = free_port()
 PROMETHEUS = f"127.0.0.1:{free_port()}"
 
@@ -228,6 +246,17 @@ def test_sidecar_and_prometheus_come_with_the_deploy(
     assert "Prometheus: " + prom in deployed.stdout
 
 
+def pm2_jlist() -> dict[str, Any]:
+    """pm2's apps by name, as the local deploy's pm2 lists them."""
+    out = subprocess.run(
+        [str(BASE / "pm2" / "node_modules" / ".bin" / "pm2"), "jlist"],
+        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+             "PM2_HOME": str(BASE / "pm2" / "home")},
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    return {p["name"]: p for p in json.loads(out.strip().splitlines()[-1])}
+
+
 def test_pm2_stores_nothing_of_makes_environment(
     deployed: subprocess.CompletedProcess[str],
 ) -> None:
@@ -235,13 +264,7 @@ def test_pm2_stores_nothing_of_makes_environment(
     its daemon), here make's: MAKEFLAGS and SET carry the command line's settings, which held
     the API key. The roles start pm2 under `env -i`: none of it is stored or reaches a process."""
     assert deployed.returncode == 0, playbook_failure(deployed.stdout, deployed.stderr)
-    out = subprocess.run(
-        [str(BASE / "pm2" / "node_modules" / ".bin" / "pm2"), "jlist"],
-        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-             "PM2_HOME": str(BASE / "pm2" / "home")},
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
-    apps = {p["name"]: p for p in json.loads(out.strip().splitlines()[-1])}
+    apps = pm2_jlist()
     for name in ("vfleet-vllm-main", "vfleet-sidecar-main", "vfleet-prometheus"):
         stored = apps[name]["pm2_env"]
         for var in ("MAKEFLAGS", "MAKELEVEL", "SET"):
@@ -559,7 +582,8 @@ def test_stop_stops_the_server(deployed: subprocess.CompletedProcess[str]) -> No
 
 
 def test_deploy_after_stop_serves_again(deployed: subprocess.CompletedProcess[str]) -> None:
-    """A deploy after `make stop`, with another setting: a new release, serving."""
+    """A deploy after `make stop`, with other settings: a new release, serving, here behind the
+    nginx front (front=true on loopback), which the rollback below must retire."""
     # `make stop` also ends pm2's daemon when nothing is left; pm2 then prints start-up lines
     # before its JSON on the next deploy (a bug found by the deploy-vs-bare benchmark).
     inst = BASE / "instances" / "main"
@@ -569,10 +593,12 @@ def test_deploy_after_stop_serves_again(deployed: subprocess.CompletedProcess[st
     r = make(
         "deploy",
         f"SET=port={PORT} sidecar_port={SIDECAR_PORT} max_model_len=2048 "
-        "extra_args.enforce-eager=true",
+        "extra_args.enforce-eager=true front=true",
     )
     assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
     assert http("/health")[0] == 200
+    assert http("/metrics")[0] == 404  # the front answers: only the API is let through
+    assert "vfleet-front-main" in pm2_jlist()
     assert served_max_model_len() == 2048
     assert os.readlink(inst / "current") != first and os.readlink(inst / "previous") == first
 
@@ -613,4 +639,8 @@ def test_rollback_brings_the_previous_release_back(
     assert f"rolled back to release {Path(first).name}" in r.stdout
     assert os.readlink(inst / "current") == first and os.readlink(inst / "previous") == second
     assert (states()[first], states()[second]) == ("current", "previous")
+    # The release rolled back to has no front: the newer one's is gone (left running, it would
+    # hold the port this release's vLLM listens on).
+    assert "vfleet-front-main" not in pm2_jlist()
+    assert http("/metrics")[0] == 200  # vLLM itself on the port again
     assert served_max_model_len() == 4096

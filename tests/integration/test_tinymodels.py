@@ -46,7 +46,9 @@ def profile_arch(generator: str) -> dict[str, Any]:
     return arch
 
 
-def run_script(python: str, *args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+def run_script(
+    python: str, *args: str | os.PathLike[str], umask: int | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [python, str(SCRIPT), *map(str, args)],
         capture_output=True,
@@ -54,6 +56,7 @@ def run_script(python: str, *args: str | os.PathLike[str]) -> subprocess.Complet
         timeout=900,
         check=False,
         env={**os.environ, "PYTHONHASHSEED": "random"},
+        preexec_fn=None if umask is None else lambda: os.umask(umask),
     )
 
 
@@ -241,10 +244,19 @@ def test_force_replaces_existing(vllm_python: str, tmp_path: Path) -> None:
     proc = run_script(vllm_python, "tiny-dense", dest, "--arch-json", arch_file)
     assert proc.returncode == 2
     assert (dest / "stale.txt").exists()
-    proc = run_script(vllm_python, "tiny-dense", dest, "--arch-json", arch_file, "--force")
+    # Under a hardened root umask (077), as the deploy builds it as root: the service user
+    # reads the model, so the build gives the folder and files 0755 / 0644 itself.
+    proc = run_script(
+        vllm_python, "tiny-dense", dest, "--arch-json", arch_file, "--force", umask=0o077
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert not (dest / "stale.txt").exists()
     assert (dest / "vfleet-model.json").is_file()
+    for f in [dest, *dest.rglob("*")]:
+        assert f.stat().st_mode & 0o055 == (0o055 if f.is_dir() else 0o044), (
+            f,
+            oct(f.stat().st_mode),
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["arch.json", "model"]
 
 

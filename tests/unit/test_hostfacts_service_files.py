@@ -87,3 +87,37 @@ def test_the_state_file_the_plugin_wrote_is_read(tmp_path: Path) -> None:
     state.write_text(json.dumps({"format": "vfleet-sm75.state/1", "plugin": "x"}))
     facts = run_hostfacts("localhost", {"ansible_connection": "local"}, req, "python3")
     assert facts["plugin_state"] == {"format": "vfleet-sm75.state/1", "plugin": "x"}
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [plant_dev_zero, plant_fifo, plant_huge],
+    ids=lambda f: f.__name__.removeprefix("plant_"),
+)
+def test_the_env_file_is_read_bounded_as_the_service_users_file(
+    tmp_path: Path, plant: Callable[[Path, Path], str]
+) -> None:
+    """vllm.env is the service user's (0600, launch.sh sources it as that user): a huge one
+    was read whole as root, a link or FIFO in its place followed (issue 29's leftovers).
+    Each is refused; the rest of the facts are gathered."""
+    p = plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "vf"))
+    req = request(p)
+    env = Path(req["env_file"])
+    env.parent.mkdir(parents=True)
+    says = plant(env, tmp_path)
+    facts = run_hostfacts("localhost", {"ansible_connection": "local"}, req, "python3")
+    (line,) = [e for e in facts["errors"] if e.startswith("env file:")]
+    assert "refused" in line and says in line, line
+    assert SECRET not in json.dumps(facts)
+    assert facts["plugin_state"] is None  # absent: the other facts went on
+
+
+def test_the_env_file_the_deploy_wrote_is_read(tmp_path: Path) -> None:
+    p = plan("cpu", "tiny-hybrid-mtp", base_dir=str(tmp_path / "vf"))
+    req = request(p)
+    env = Path(req["env_file"])
+    env.parent.mkdir(parents=True)
+    env.write_text("VLLM_API_KEY='k-123456'\nOMP_NUM_THREADS='2'\n")
+    facts = run_hostfacts("localhost", {"ansible_connection": "local"}, req, "python3")
+    assert not [e for e in facts["errors"] if e.startswith("env file:")], facts["errors"]
+    assert "k-123456" not in json.dumps(facts)  # a secret: hashed, never sent back

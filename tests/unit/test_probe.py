@@ -7,6 +7,7 @@ the sidecar's tests); the probe itself runs as the real command."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -70,6 +71,23 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     for args in ((), ("--prereqs",)):
         r = probe("--config", str(bad), *args)
         assert r.returncode == 2 and "expected a JSON object" in r.stderr, r.stderr
+
+
+def test_env_file_is_read_bounded_and_never_through_a_link(tmp_path: Path) -> None:
+    """The env file is the service user's and the probe may run as root (pm2's readiness
+    step): a link (to /dev/zero: a read without end) or a huge file is refused, not read."""
+    link = tmp_path / "link.env"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(OSError):
+        read_env_file(link)
+    huge = tmp_path / "huge.env"
+    huge.write_text("X='" + "y" * (1 << 20) + "'\n")
+    with pytest.raises(ValueError, match="larger than"):
+        read_env_file(huge)
+    fifo = tmp_path / "fifo.env"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_env_file(fifo)
 
 
 def test_env_file_is_read_like_systemd_and_sh(tmp_path: Path) -> None:

@@ -65,9 +65,11 @@ class WaitRanOut(ProbeError):
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """KEY='value' lines as written by vfleet (and accepted by systemd and sh)."""
+    """KEY='value' lines as written by vfleet (and accepted by systemd and sh). The file is the
+    service user's (launch.sh sources it as that user) and the probe may run as root: read
+    like the warm marker, not through a link, only a regular file, bounded (ValueError)."""
     out: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _read_small(path).splitlines():
         m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line.strip())
         if m:
             value = m.group(2)
@@ -193,11 +195,12 @@ def marker_file(t: Target) -> Path:
 
 # The state folder is the service user's, and under pm2 the deploy's readiness step runs this
 # probe as root: the marker's name is never followed there (a link would make root read or
-# overwrite its target), only a regular file of at most MARKER_MAX bytes is read.
+# overwrite its target), only a regular file of at most MARKER_MAX bytes is read. The same
+# holds for the env file, which that user owns.
 MARKER_MAX = 64 * 1024
 
 
-def _read_marker(path: Path) -> str:
+def _read_small(path: Path) -> str:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     fd = os.open(path, flags)
     try:
@@ -239,7 +242,7 @@ def check_warm(t: Target) -> tuple[bool, str]:
     if not os.path.lexists(marker):
         return False, "warmup has not run (vfleet-probe --warmup)"
     try:
-        data = json.loads(_read_marker(marker))
+        data = json.loads(_read_small(marker))
     except (OSError, ValueError) as exc:
         return False, f"{marker} unreadable ({exc}): run vfleet-probe --warmup again"
     if not isinstance(data, dict) or data.get("server") != ident:
@@ -324,7 +327,7 @@ def load_target(a: argparse.Namespace) -> Target:
     if key is None and env_file and Path(env_file).exists():
         try:
             key = read_env_file(Path(env_file)).get("VLLM_API_KEY")
-        except OSError:
+        except (OSError, ValueError):
             key = None
     warm = conf.get("warmup", {})
     return Target(
@@ -386,7 +389,11 @@ def check_prereqs(conf: dict[str, Any]) -> list[tuple[bool, str]]:
             else (True, f"port {port} free")
         )
     if pre.get("gpus"):
-        env = read_env_file(Path(conf["env_file"])) if conf.get("env_file") else {}
+        try:
+            env = read_env_file(Path(conf["env_file"])) if conf.get("env_file") else {}
+        except (OSError, ValueError) as exc:
+            env = {}
+            results.append((False, f"env file {conf['env_file']}: {exc}: deploy again"))
         limit = int(pre.get("gpu_free_mib", 1024))
         try:
             used = _gpu_memory_used_mib(env.get("CUDA_VISIBLE_DEVICES"))

@@ -664,7 +664,10 @@ def release_facts(current_dir: str, secrets: list[str]) -> dict[str, Any]:
 
 
 def env_file_values(path: str) -> dict[str, str]:
-    return parse_env(read_text(path))
+    """The release's vllm.env, read as root: the file is the service user's (launch.sh sources
+    it as that user), so it is read like the other files that user controls: bounded, not
+    through a link, only a regular file."""
+    return parse_env(read_service_file(path))
 
 
 def parse_env(text: str) -> dict[str, str]:
@@ -791,7 +794,7 @@ def gather(req: Request) -> dict[str, Any]:
     instance = procs.get("instance")
     secrets: list[str] = []
     env_file: dict[str, str] = {}
-    if os.path.exists(req["env_file"]):  # absent before the first deploy
+    if os.path.lexists(req["env_file"]):  # absent before the first deploy
         env_file = attempt("env file", lambda: env_file_values(req["env_file"]), errors) or {}
     secrets += [v for k, v in env_file.items() if is_secret(k, req["secret_keys"])]
     # The key the server was started with, when the env file is not readable by us.

@@ -194,6 +194,21 @@ RECORDS: tuple[StackRecord, ...] = (
                 "ninja rebuild). Cache seeds keep exact mtimes: shown with ninja on the CPU, a "
                 f"seeded GPU start not run ({H200_RUN})",
             ),
+            Claim(
+                "model switch on one GPU",
+                Level.GPU,
+                "bench/gpu_switch.py, two rendered releases resident on one H200 (tiny and mid "
+                "model, 0.45 of the card each, sleep mode, MTP 3), 4 concurrent streams, the "
+                "client switching its target port (no nginx): the other model's first token "
+                "0.40-1.68 s after the switch's start in 14 of 15 switches over 3 runs (6.36 s "
+                "once, kernels still compiling), against 31-41 s restarts in the same runs; 6 of "
+                "745 requests failed (sent just before a `mode=wait` sleep: 0.24.0 drains running "
+                "requests only); the sleeper keeps 1.8 / 2.2 GiB of GPU memory at level 1 and 2. "
+                "Acceptance 1.0 after level 1 wakes, 0.0 after a level 2 wake with "
+                "reload_weights, 1.0 after the drafter reload of bench/switch_ext.py (a worker "
+                "extension, not in vLLM), 3 of 3 runs (docs/GPU.md section 8; "
+                "bench/results/h200/switch-run*.json)",
+            ),
         ),
     ),
     StackRecord(

@@ -284,6 +284,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
             else []
         )
         results.append((label or f"1 x TP {plan.tp}", plan, alts))
+    if a.standby_model:
+        return _plan_pair(a, results[0][1], root)
     if a.json:
         out = [
             dict(
@@ -298,6 +300,52 @@ def cmd_plan(a: argparse.Namespace) -> int:
         for label, p, alts in results:
             _print_plan(label, p, alts)
     return 0 if results[0][1].fits else 1
+
+
+def _plan_pair(a: argparse.Namespace, active: Any, root: Path | None) -> int:
+    """`--standby-model`: the standby planned on the same GPUs, then both sleep orders."""
+    from dataclasses import asdict
+
+    from vfleet.engine.resident import plan_pair
+
+    if a.layouts:
+        raise VfleetError("--layouts and --standby-model together", fix="use one of them")
+    refuse_key_in_sets(a.standby_sets, fix=KEY_FIX)
+    standby = plan_launch(
+        resolve(a.profile, a.standby_model, sets=a.standby_sets, root=root, strict_memory=False)
+    )
+    ram = None if a.host_ram_gib is None else int(a.host_ram_gib * (1 << 30))
+    try:
+        pair = plan_pair(active, standby, a.sleep_level, ram)
+    except ValueError as exc:
+        raise VfleetError(
+            str(exc), where=f"--profile {a.profile}", fix="plan a resident pair on a GPU profile"
+        ) from None
+    if a.json:
+        doc = asdict(pair)
+        doc["active"], doc["standby"] = active.as_dict(), standby.as_dict()
+        print(json.dumps(doc, indent=2, default=str))
+        return 0 if pair.fits else 1
+    _print_plan("active", active, [])
+    _print_plan("standby", standby, [])
+    mib = 1 << 20
+    print(
+        f"resident pair, sleep level {pair.level}: a sleeper keeps "
+        f"{pair.sleeper_gpu_bytes / mib:,.0f} +/- {pair.sleeper_gpu_uncertainty_bytes / mib:,.0f} "
+        "MiB per GPU (measured on an H200, vLLM 0.24.0, tiny and mid models; docs/PLANNER.md)"
+    )
+    for o in pair.orders:
+        print(
+            f"  {o.awake} awake, {o.asleep} asleep: its headroom {o.headroom_bytes / mib:,.0f} "
+            f"MiB per GPU -> {'fits' if o.fits else 'DOES NOT FIT'}"
+        )
+    for model, n in pair.host_bytes.items():
+        print(f"  host memory of {model} asleep: {n / (1 << 30):.1f} GiB")
+    for note in pair.notes:
+        print(f"  note: {note}")
+    for problem in pair.problems:
+        print(f"  DOES NOT FIT: {problem}")
+    return 0 if pair.fits else 1
 
 
 def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
@@ -604,7 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 1 when the configuration does not fit (with the smallest changes that do).",
         epilog="examples:\n  vfleet plan -p cpu -m tiny-hybrid-mtp --kv-space-gib 2\n"
         "  vfleet plan -p a100-32g -m qwen3.8-27b-awq-mtp\n"
-        "  vfleet plan -p 4x2080ti-22g -m qwen3.6-27b-awq-int4 --layouts",
+        "  vfleet plan -p 4x2080ti-22g -m qwen3.6-27b-awq-int4 --layouts\n"
+        "  vfleet plan -p h200-141g -m mid-hybrid-mtp --set gpu_memory_utilization=0.45 \\\n"
+        "      --standby-model tiny-hybrid-mtp --standby-set gpu_memory_utilization=0.45",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(pl)
@@ -627,6 +677,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="also plan the same GPUs as several smaller TP replicas",
     )
     pl.add_argument("--set", "-s", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    pl.add_argument(
+        "--standby-model",
+        metavar="MODEL",
+        help="also plan MODEL on the same GPUs as a sleeping standby: both must fit awake "
+        "beside the other asleep (docs/SWAP.md, docs/PLANNER.md)",
+    )
+    pl.add_argument(
+        "--standby-set",
+        dest="standby_sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the standby (repeatable), e.g. gpu_memory_utilization=0.45",
+    )
+    pl.add_argument(
+        "--sleep-level",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="1: the sleeper's weights wait in host memory; 2: dropped, reloaded from disk",
+    )
+    pl.add_argument(
+        "--host-ram-gib",
+        type=float,
+        help="the host's memory: refuse a pair whose sleeper does not fit in it",
+    )
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(fn=cmd_plan)
 

@@ -61,6 +61,7 @@ SIDECAR_SERIES = {
     "vfleet_steps_per_second", "vfleet_tokens_per_step", "vfleet_stream_decode_tokens_per_second",
     "vfleet_time_to_first_token_seconds", "vfleet_inter_token_latency_seconds",
     "vfleet_requests_running", "vfleet_requests_waiting", "vfleet_kv_cache_usage_ratio",
+    "vfleet_engine_awake", "vfleet_engine_sleep_level",
     "vfleet_vllm_restarts_total", "vfleet_upstream_errors_total", "vfleet_info",
     "vfleet_spec_decode_running_depth", "vfleet_spec_decode_recommended_depth",
     "vfleet_spec_decode_recommended_gain_ratio", "vfleet_spec_decode_expected_tokens_per_second",

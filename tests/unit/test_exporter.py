@@ -232,6 +232,34 @@ def test_healthy_upstream(upstream: FakeUpstream) -> None:
 
 
 @pytest.mark.parametrize(
+    ("state", "awake", "level"),
+    [
+        ({"awake": 1.0}, 1.0, None),
+        ({"awake": 0.0}, 0.0, 0.0),  # /sleep?level=0: scheduling paused (the CPU build's)
+        ({"awake": 0.0, "weights_offloaded": 1.0}, 0.0, 1.0),
+        ({"awake": 0.0, "discard_all": 1.0}, 0.0, 2.0),
+    ],
+    ids=["awake", "level-0", "level-1", "level-2"],
+)
+def test_the_sleep_state_of_a_resident_engine_is_exported(
+    upstream: FakeUpstream, state: dict[str, float], awake: float, level: float | None
+) -> None:
+    """vLLM's vllm:engine_sleep_state (issue 32: which engine of a resident pair serves)."""
+    body = REAL
+    for part in ("awake", "weights_offloaded", "discard_all"):
+        line = f'sleep_state="{part}"}}'
+        old = next(x for x in REAL.splitlines() if "vllm:engine_sleep_state{" in x and line in x)
+        body = body.replace(old, old.rsplit(" ", 1)[0] + f" {state.get(part, 0.0)}")
+    upstream.routes["/metrics"] = metrics(body)
+    out = scrape(VllmCollector(upstream.url, window=60, timeout=2))
+    assert only_value(out["vfleet_engine_awake"]) == awake
+    if level is None:
+        assert "vfleet_engine_sleep_level" not in out  # awake: no level
+    else:
+        assert only_value(out["vfleet_engine_sleep_level"]) == level
+
+
+@pytest.mark.parametrize(
     ("setup", "reason"),
     [
         (lambda u: u.routes.update({"/metrics": metrics(b"<html>Bad gateway</html>\n")}), "parse"),

@@ -195,6 +195,8 @@ def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> 
         "tokens_per_step",
         "stream_decode_tokens_per_second",
         "requests_running",
+        "engine_awake",
+        "engine_sleep_level",
         "requests_waiting",
         "kv_cache_usage_ratio",
         "spec_decode_position_acceptance_rate",
@@ -219,6 +221,7 @@ def test_table_shows_the_figures_with_units_aligned(
     assert r.rc == 0, r.err
     rows = {line[:26].strip(): line[26:].strip() for line in r.out.splitlines()}
     assert rows["state"] == "up"
+    assert rows["engine"] == "awake"  # vllm:engine_sleep_state (a resident standby sleeps)
     assert rows["model"] == "tiny-dense"
     assert rows["vLLM"] == "0.32.0"
     assert rows["acceptance (%)"] == "66.7"
@@ -515,3 +518,12 @@ def test_shows_the_baseline_decode_of_the_deployment(
     _deploy(other, vllm.url)
     [o] = as_json(status("--base-dir", str(other), "--json"))
     assert o["baseline_decode_tokens_per_second"] is None
+
+
+def test_the_engine_row_names_the_sleep_level() -> None:
+    from vfleet.fleet.status import _engine
+
+    assert _engine({"engine_awake": 1.0, "engine_sleep_level": None}) == "awake"
+    assert _engine({"engine_awake": 0.0, "engine_sleep_level": 1.0}) == "asleep (level 1)"
+    assert _engine({"engine_awake": 0.0, "engine_sleep_level": 0.0}) == "asleep (level 0)"
+    assert _engine({"engine_awake": None}) == "-"  # a vLLM without the family

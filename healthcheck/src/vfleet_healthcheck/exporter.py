@@ -105,6 +105,14 @@ SCALARS: dict[str, tuple[str, str]] = {
         "Per-stream decode speed: tokens after the first / inter-token time.",
     ),
     "requests_running": ("vfleet_requests_running", "Requests running (last sample)."),
+    "engine_awake": (
+        "vfleet_engine_awake",
+        "1 serving, 0 asleep (vLLM's sleep mode, a resident standby; last sample).",
+    ),
+    "engine_sleep_level": (
+        "vfleet_engine_sleep_level",
+        "While asleep: 0 scheduling paused, 1 weights in host memory, 2 weights dropped.",
+    ),
     "requests_waiting": ("vfleet_requests_waiting", "Requests waiting (last sample)."),
     "kv_cache_usage_ratio": ("vfleet_kv_cache_usage_ratio", "KV cache usage 0..1 (last sample)."),
 }

@@ -48,6 +48,10 @@ _BASE: dict[str, Family] = {
     "requests_running": Family("gauge", "vllm:num_requests_running"),
     "requests_waiting": Family("gauge", "vllm:num_requests_waiting"),
     "kv_cache_usage": Family("gauge", "vllm:kv_cache_usage_perc"),
+    # 1 or 0 per state: awake, weights_offloaded (sleep level 1), discard_all (level 2); asleep
+    # with neither is level 0 (scheduling paused). Set by vLLM's /sleep and /wake_up
+    # (v1/metrics/loggers.py record_sleep_state; registered whether sleep mode is on or not).
+    "engine_sleep": Family("gauge", "vllm:engine_sleep_state", by="sleep_state"),
     "process_start_time": Family("gauge", "process_start_time_seconds"),
     "ttft": Family("histogram", "vllm:time_to_first_token_seconds"),
     "itl": Family("histogram", "vllm:inter_token_latency_seconds"),
@@ -140,6 +144,7 @@ def _value(text: str) -> float | None:
 # Gauges that have a range: a value outside it is a broken upstream, not a reading.
 RANGES: dict[str, tuple[float, float]] = {
     "kv_cache_usage": (0.0, 1.0),
+    "engine_sleep": (0.0, 1.0),
     "requests_running": (0.0, math.inf),
     "requests_waiting": (0.0, math.inf),
     "process_start_time": (0.0, math.inf),
@@ -252,8 +257,15 @@ def parse(text: str, table: dict[str, Family]) -> Parsed:
                 reject(logical, "malformed", f"{name} without a {fam.by} label")
                 continue
             key = f"{logical}/{part}"
-        if fam.kind == "gauge" and logical in ("kv_cache_usage", "process_start_time"):
-            # Several engines: the fullest cache / the newest start is what matters.
+        if key == "engine_sleep/awake":
+            # Several engines: awake only if every one is.
+            out.values[key] = min(out.values.get(key, math.inf), value)
+        elif fam.kind == "gauge" and logical in (
+            "kv_cache_usage",
+            "process_start_time",
+            "engine_sleep",
+        ):
+            # Several engines: the fullest cache / the newest start / the deepest sleep matters.
             out.values[key] = max(out.values.get(key, -math.inf), value)
         else:
             out.values[key] = out.values.get(key, 0.0) + value

@@ -131,6 +131,14 @@ class Window:
         ):
             if key in new.values:
                 out.scalars[name] = new.values[key]
+        awake = new.values.get("engine_sleep/awake")
+        if awake is not None:
+            out.scalars["engine_awake"] = awake
+            if awake == 0:
+                level = 2 if new.values.get("engine_sleep/discard_all") else 0
+                out.scalars["engine_sleep_level"] = (
+                    1 if new.values.get("engine_sleep/weights_offloaded") else level
+                )
         if len(self.samples) < 2:
             return out
         dt = new.t - self.samples[0].t

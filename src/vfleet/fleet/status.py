@@ -512,6 +512,15 @@ def _state(o: dict[str, Any]) -> str:
     return "up" if o["up"] else f"down: {o['reason']}"
 
 
+def _engine(o: dict[str, Any]) -> str:
+    """vLLM's sleep state: a resident standby (docs/SWAP.md) reads "asleep (level N)"."""
+    awake = o.get("engine_awake")
+    if awake is None:
+        return "-"
+    level = o.get("engine_sleep_level")
+    return "awake" if awake else f"asleep (level {'-' if level is None else f'{level:.0f}'})"
+
+
 def _started(v: str | None) -> str:
     return "-" if v is None else v.replace("T", " ").removesuffix("+00:00")
 
@@ -520,6 +529,7 @@ def _started(v: str | None) -> str:
 ROWS: list[tuple[str, str, Format | None]] = [
     ("url", "url", _text),
     ("state", "up", None),
+    ("engine", "engine_awake", None),
     ("model", "model_name", _text),
     ("vLLM", "vllm_version", _text),
     ("release", "release", _text),
@@ -555,6 +565,8 @@ def table(objs: list[dict[str, Any]]) -> str:
     for label, key, fmt in ROWS:
         if key == "up":
             rows.append([label, *(_state(o) for o in objs)])
+        elif key == "engine_awake":
+            rows.append([label, *(_engine(o) for o in objs)])
         elif key == "spec_decode_recommended_depth":
             rows.append([label, *(_recommended(o) for o in objs)])
         elif key == "spec_decode_position_acceptance_rate":

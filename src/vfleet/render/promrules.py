@@ -146,6 +146,19 @@ ALERTS: list[dict[str, Any]] = [
         "series and the recording rules still work.",
     ),
     _alert(
+        "VfleetNoEngineAwake",
+        # vLLM's sleep mode through the sidecar: a switch between resident engines that
+        # stopped half-way (docs/SWAP.md) leaves every engine of the host asleep, and requests
+        # wait in a paused queue instead of failing. A switch itself takes seconds.
+        'sum by (host) (vfleet_engine_awake{job="vfleet-sidecar"}) == 0',
+        "1m",
+        "critical",
+        "No vLLM engine on {{ $labels.host }} is awake",
+        "Every engine the sidecars read is asleep (vllm:engine_sleep_state): requests wait "
+        "unserved. `vfleet switch show` says what the last switch did; wake one with "
+        "`vfleet switch to`.",
+    ),
+    _alert(
         "VfleetEngineRestarting",
         f"changes(process_start_time_seconds{{{VLLM}}}[15m]) >= 2",
         "0m",

@@ -91,7 +91,7 @@ def test_a_level_2_wake_reloads_the_weights_between_the_two_wakes() -> None:
 def test_a_wake_that_never_takes_is_an_error_within_its_bound() -> None:
     with Engine(lag=10**6) as e:
         t0 = time.monotonic()
-        with pytest.raises(sleepctl.SleepCtlError, match="still true|time limit"):
+        with pytest.raises(sleepctl.SleepCtlError, match=r"still true|time limit"):
             sleepctl.wake(e.port, 0, timeout=0.5)
         assert time.monotonic() - t0 < 3
 

@@ -227,6 +227,7 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
     assert seen["failed"] == 0 and seen["ok"] >= 8, seen
     r = cli("switch", "show", lb)
     assert r.rc == 0 and "rolled back" in r.out, r.out
+    assert "asleep (level 0)  since" in r.out and box.weights["a"] in r.out, r.out
     print(
         f"\nswitch test: a -> b {first['seconds']:.2f} s (old workers {first['drain_s']:.2f} s, "
         f"a asleep {first['sleep_s']:.2f} s, b awake {first['wake_s']:.2f} s), first token from "

@@ -109,11 +109,12 @@ def test_show_says_who_serves_and_who_sleeps(cli: Callable[..., Result], tmp_pat
     r = cli("switch", "show", str(lb))
     assert r.rc == 0 and "a                serving" in r.out and "b                drained" in r.out
     rep = switch.Report("b", "a", "rolled back", 2.5, why="gate greedy failed: reply differs")
-    state = {"schema": 1, "replicas": {"b": {"state": "asleep", "level": 0, "since": "T"}},
+    state = {"schema": 1, "replicas": {"b": {"state": "asleep", "level": 0, "since": "T",
+                                             "weights": "qwen-b"}},
              "last": {"time": "T2", **rep.__dict__, "gates": []}}  # fmt: skip
     switch.write_state(lb, state)
     r = cli("switch", "show", str(lb))
-    assert "b                asleep (level 0)  since T" in r.out
+    assert "b                asleep (level 0)  since T  qwen-b" in r.out
     assert "last switch a -> b at T2: rolled back in 2.50 s (gate greedy failed" in r.out
     data = json.loads(cli("switch", "show", str(lb), "--json").out)
     assert data["replicas"][1]["state"] == "asleep" and data["last"]["outcome"] == "rolled back"

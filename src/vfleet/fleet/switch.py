@@ -102,8 +102,8 @@ examples:
   vfleet switch show /srv/vfleet-lb          # who serves, who sleeps, the last switch
 
 exit status: 0 switched (or put to sleep); 1 a gate or a step failed: rolled back to the
-model that served (the report says why, and whether it serves again); 2 bad input (nothing
-was changed).
+model that served (the report says why, and whether it serves again), or nginx refused the
+flip and nothing changed; 2 bad input (nothing was changed).
 """
 
 
@@ -125,6 +125,7 @@ class Replica:
     served: str
     level: int
     api_key: str | None
+    weights: str = ""  # the model folder's name: which model this instance holds
     url: str = ""  # where this machine reaches vLLM (an ssh tunnel for a remote host)
     tunnel: subprocess.Popen[bytes] | None = None
 
@@ -244,6 +245,7 @@ def replica(inventory: str, host: str, api_key_file: str | None) -> Replica:
         plan.service.served_model_name,
         _sleep_level(plan.file("vllm.env"), host),
         key,
+        Path(plan.model.dir).name,
     )
 
 
@@ -282,6 +284,7 @@ def _record(r: Replica, perf: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "state": "asleep",
         "level": r.level,
+        "weights": r.weights,
         "since": _now(),
         "greedy": {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": r.greedy()},
         "acceptance": r.probe(),
@@ -487,8 +490,10 @@ def switch(
         print(f"[{time.monotonic() - t0:6.2f} s] {text}", file=out, flush=True)
 
     probe: FirstToken | None = None
+    flipped = False
     try:
         gone = flip(prefix, admit=new.host, drain=old.host)
+        flipped = True
         say(f"nginx: {new.host} admitted, {old.host} drained (one reload)")
         if front_url:
             probe = FirstToken(front_url, new.served, new.api_key, t0)
@@ -509,13 +514,18 @@ def switch(
             raise StepFailed(f"gate {failed[0].name} failed: {failed[0].detail}")
     except (StepFailed, VfleetError, BenchError) as exc:
         rep.why = str(exc)
-        say(f"FAILED: {exc}; rolling back to {old.host}")
-        rep.rollback = _rollback(prefix, state, new, old, say)
-        rep.outcome = "rolled back" if rep.rollback.startswith("ok") else "FAILED"
+        if not flipped:  # nginx refused the new configuration: nothing changed
+            say(f"FAILED before anything changed: {exc}")
+            rep.outcome = "not started"
+        else:
+            say(f"FAILED: {exc}; rolling back to {old.host}")
+            rep.rollback = _rollback(prefix, state, new, old, say)
+            rep.outcome = "rolled back" if rep.rollback.startswith("ok") else "FAILED"
     else:
         state["replicas"][new.host] = {
             "state": "serving",
             "level": new.level,
+            "weights": new.weights,
             "since": _now(),
             "perf": figures or rec.get("perf"),
         }
@@ -660,6 +670,7 @@ def cmd_show(a: argparse.Namespace) -> int:
         rows.append({
             "host": r["host"],
             "in_balancer": not r["down"],
+            "weights": rec.get("weights"),
             "state": rec.get("state", "serving" if not r["down"] else "drained"),
             "level": rec.get("level"),
             "since": rec.get("since"),
@@ -669,7 +680,8 @@ def cmd_show(a: argparse.Namespace) -> int:
         return 0
     for row in rows:
         lvl = f" (level {row['level']})" if row["state"] == "asleep" else ""
-        print(f"  {row['host']:<16} {row['state']}{lvl}  since {row['since'] or '-'}")
+        model = f"  {row['weights']}" if row["weights"] else ""
+        print(f"  {row['host']:<16} {row['state']}{lvl}  since {row['since'] or '-'}{model}")
     last = state.get("last")
     if last:
         print(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -75,6 +76,15 @@ def _front(url: str, path: str, method: str = "GET") -> tuple[int, str, bytes]:
             return int(r.status), r.headers.get("Server", ""), r.read()
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.headers.get("Server", ""), exc.read()
+
+
+def _awake(port: int) -> float:
+    """vLLM's own gauge (vllm:engine_sleep_state, sleep_state="awake"): what Prometheus sees."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    m = re.search(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\} (\S+)$', text, re.M)
+    assert m, text[:500]
+    return float(m.group(1))
 
 
 def _root(url: str) -> str:
@@ -199,6 +209,7 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         assert first["first_token_s"] is not None and first["first_token_s"] < first["seconds"] + 5
         assert _root(box.front) == box.weights["b"]
         assert sleepctl.is_sleeping(box.ports["a"]) is True
+        assert (_awake(box.ports["a"]), _awake(box.ports["b"])) == (0.0, 1.0)
         after_switch = sum(x.ok for x in load.requests)
 
         # A wake that answers otherwise than before it slept: a's recorded reply is not the one

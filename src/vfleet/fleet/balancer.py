@@ -5,7 +5,9 @@
 `nginx.conf` (a whole configuration for a dedicated nginx, its pid, logs and temp files in
 that folder). `drain HOST` / `admit HOST` flip one replica's `down` flag under a lock (a
 swap batch drains several hosts at once), render again, check the result with `nginx -t`,
-and reload nginx when it runs. Only the allowed routes (vfleet.engine.api_routes) are forwarded;
+and reload nginx when it runs; `flip` (for `vfleet switch`) admits one replica and drains
+another in one reload, and `workers_gone` waits until the old workers have finished what they
+held. Only the allowed routes (vfleet.engine.api_routes) are forwarded;
 the rest is answered 404. A reload is graceful: new workers stop sending new requests
 to a drained replica at once; the old workers finish the requests they hold.
 

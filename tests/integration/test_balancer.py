@@ -25,6 +25,8 @@ from tests.conftest import REPO, require_tools
 from tests.support.fake_upstream import FakeUpstream, Reply, Request
 from tests.support.vllm_server import free_port
 from vfleet.config.defaults import NGINX
+from vfleet.errors import VfleetError
+from vfleet.fleet.balancer import flip, load, set_down, workers_gone
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nginx") is None and not Path(NGINX).exists() and not require_tools(),
@@ -109,6 +111,28 @@ def test_drain_sends_new_requests_elsewhere_and_lets_in_flight_ones_finish(lb, c
     assert after == Counter({"b": 20})
     assert cli("balancer", "admit", str(prefix), "a").rc == 0
     assert set(spread(url)) == {"a", "b"}
+
+
+def test_flip_admits_one_and_drains_the_other_in_one_reload_then_waits_for_old_workers(lb) -> None:  # type: ignore[no-untyped-def]
+    # `vfleet switch`: b (drained) comes in and a goes out at once; workers_gone returns only
+    # after the request a held through the reload was answered (3 s), nothing reaches a after.
+    prefix, url, reps = lb
+    set_down(prefix, "b", True)
+    assert spread(url, 5) == Counter({"a": 5})
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(get, f"{url}/v1/slow")
+        deadline = time.monotonic() + 10
+        while not any(q.path == "/v1/slow" for q in reps["a"].requests):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        old = flip(prefix, admit="b", drain="a")
+        assert spread(url) == Counter({"b": 20}) and not held.done()  # new ones go to b at once
+        waited = workers_gone(prefix, old)
+        assert held.done() and held.result() == (200, "a"), held.result()
+        assert waited > 0.5  # it waited for the slow request, not just for the reload
+    assert [r["down"] for r in load(prefix)["replicas"]] == [True, False]
+    with pytest.raises(VfleetError, match="'c' is not a replica"):
+        flip(prefix, admit="c", drain="a")
 
 
 def test_a_replica_that_goes_away_costs_no_request(lb) -> None:  # type: ignore[no-untyped-def]

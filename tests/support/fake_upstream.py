@@ -54,6 +54,7 @@ class Request:
     path: str  # without the query
     headers: dict[str, str] = field(default_factory=dict)  # names in lower case
     body: bytes = b""
+    query: str = ""  # after the '?', as sent
 
 
 Route = Reply | Callable[[Request], Reply]
@@ -115,7 +116,8 @@ class FakeUpstream:
             if not chunk:
                 return
             rest += chunk
-        request = Request(method, target.split("?")[0], headers, rest[:length])
+        path, _, query = target.partition("?")
+        request = Request(method, path, headers, rest[:length], query)
         self.hits.append(request.path)
         self.requests.append(request)
         r = self.reply(request)

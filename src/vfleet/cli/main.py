@@ -43,6 +43,7 @@ from vfleet.fleet.perfgate_run import add_parser as add_perfgate_parser
 from vfleet.fleet.releases import add_parser as add_releases_parser
 from vfleet.fleet.status import add_parser as add_status_parser
 from vfleet.fleet.swap import add_parser as add_swap_parser
+from vfleet.fleet.switch import add_parser as add_switch_parser
 from vfleet.fleet.tune import add_parser as add_tune_parser
 from vfleet.hostside.tinymodels import TinyModelError, parse_draft_acceptance
 from vfleet.paths import DASHBOARDS_DIR, hostside_script, tools_dir
@@ -796,6 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_releases_parser(sub)
     add_caches_parser(sub)
     add_swap_parser(sub)
+    add_switch_parser(sub)
     add_tune_parser(sub)
     add_perfgate_parser(sub)
     add_balancer_parser(sub)

@@ -341,6 +341,11 @@ class ServeSettings(Strict):
     sidecar_port: int | None = Field(None, ge=1, le=65535)
     sidecar_window_s: int | None = Field(None, ge=5, le=3600)
     alerts: Alerts | None = None
+    # A standby `vfleet switch` may put to sleep and wake (docs/SWAP.md, "Resident models"): the
+    # level it sleeps at. 0 pauses scheduling only (both models stay in memory; any platform);
+    # 1 moves the weights to host RAM and frees the KV cache, 2 drops both (GPU only). Mounts
+    # vLLM's dev routes, on loopback only (rule `sleep-mode`).
+    sleep_level: int | None = Field(None, ge=0, le=2)
     # Escape hatches: passed through verbatim, shown in `vfleet explain` as operator overrides.
     extra_args: dict[str, Any] | None = None
     extra_env: dict[str, str] | None = None

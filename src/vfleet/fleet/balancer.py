@@ -5,7 +5,9 @@
 `nginx.conf` (a whole configuration for a dedicated nginx, its pid, logs and temp files in
 that folder). `drain HOST` / `admit HOST` flip one replica's `down` flag under a lock (a
 swap batch drains several hosts at once), render again, check the result with `nginx -t`,
-and reload nginx when it runs. Only the allowed routes (vfleet.engine.api_routes) are forwarded;
+and reload nginx when it runs; `flip` (for `vfleet switch`) admits one replica and drains
+another in one reload, and `workers_gone` waits until the old workers have finished what they
+held. Only the allowed routes (vfleet.engine.api_routes) are forwarded;
 the rest is answered 404. A reload is graceful: new workers stop sending new requests
 to a drained replica at once; the old workers finish the requests they hold.
 
@@ -221,6 +223,48 @@ def set_down(prefix: Path, host: str, down: bool) -> dict[str, Any]:
             )
         save(prefix, state)
         return state
+
+
+def flip(prefix: Path, admit: str, drain: str) -> set[int]:
+    """Admit `admit` and drain `drain` in ONE graceful reload (`vfleet switch`): from its return
+    nginx sends every new request to `admit`. The old workers, which may still be forwarding
+    what they accepted before, are returned for `workers_gone`."""
+    load(prefix)
+    with locked(prefix):
+        state = load(prefix)
+        names = [r["host"] for r in state["replicas"]]
+        for host in (admit, drain):
+            if host not in names:
+                raise VfleetError(
+                    f"{host!r} is not a replica of this balancer",
+                    where=str(prefix / STATE),
+                    fix=f"one of: {', '.join(names)}",
+                )
+        for r in state["replicas"]:
+            if r["host"] in (admit, drain):
+                r["down"] = r["host"] == drain
+        pid = running_pid(prefix)
+        old = _workers(pid) if pid is not None else set()
+        save(prefix, state)
+    return old
+
+
+def workers_gone(prefix: Path, old: set[int]) -> float:
+    """Wait until nginx's old workers exited: the requests they held are finished, and nothing
+    they accepted before a reload can still reach a drained replica. Seconds it took; bounded
+    by the balancer's drain timeout."""
+    limit = float(load(prefix)["drain_timeout_s"])
+    t0 = time.monotonic()
+    while any(_title(w) for w in old):
+        if time.monotonic() - t0 > limit:
+            raise VfleetError(
+                f"nginx's old workers still hold requests after {limit:.0f} s",
+                where=str(prefix),
+                fix="look at the balancer's logs/error.log; a stream longer than the drain "
+                "timeout keeps them",
+            )
+        time.sleep(0.02)
+    return time.monotonic() - t0
 
 
 def replicas_from_inventory(

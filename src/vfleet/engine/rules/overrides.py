@@ -86,7 +86,8 @@ def operator_overrides(c: Ctx) -> None:
             )
             del c.args[key]
         c.arg(key, value, "operator override (extra_args)")
-    sleep = (c.s.extra_args or {}).get("enable-sleep-mode")
+    # Set by rule sleep-mode (sleep_level 1, 2) or by extra_args: either way, after this loop.
+    sleep = c.args["enable-sleep-mode"].value if "enable-sleep-mode" in c.args else None
     kv = c.args.get("kv-cache-dtype")
     if (
         str(sleep).lower() == "true"

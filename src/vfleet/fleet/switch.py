@@ -1,0 +1,758 @@
+"""`vfleet switch`: change the model a box serves in seconds, between two resident instances.
+
+Two instances of one box (two inventory hosts on one address, docs/SWAP.md "Resident models"),
+each deployed with `sleep_level`, both replicas of one `vfleet balancer` with the same
+served_model_name: one serves (admitted), the other is the standby (drained, asleep). A switch:
+
+  1. one nginx reload admits the standby and drains the active: new requests go to the
+     standby, whose paused engine queues them (vLLM: "all pause modes queue new adds");
+  2. nginx's old workers finish what they hold; the active's greedy reply and MTP acceptance
+     (one probe request) are recorded, and it is put to sleep (`/sleep?level=L&mode=wait`:
+     its in-flight ones finish);
+  3. the standby is woken (`/wake_up`, until `/is_sleeping` is false): the queued requests run;
+  4. the gates, on the woken engine: /health, a completion, the greedy reply against the one it
+     gave before it slept, MTP acceptance after the wake against its own figure before it slept
+     (a collapse fails), and the performance gate against its own bench;
+  5. a failed gate (or a failed wake) is rolled back the same way in reverse, and the command
+     exits 1 with the reason.
+
+The sleep controls are vLLM's dev routes, on loopback only: they are called on the host
+itself by hostside/sleepctl.py (locally or over ssh), never through a front. The state
+(who serves, who sleeps at which level since when, what each recorded, the last switch) is
+`switch.json` in the balancer's folder: `vfleet switch show DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from vfleet_healthcheck.perf_record import PerfFigures
+from vfleet_healthcheck.vllm_metrics import families, parse
+
+from vfleet.config.apikey import read_api_key_file
+from vfleet.errors import VfleetError
+from vfleet.fleet.balancer import STATE, flip, load, locked, running_pid, workers_gone
+from vfleet.fleet.inventory import (
+    api_key_file_arg,
+    host_namespace,
+    host_plan,
+    host_settings,
+    host_vars,
+    inventory_arg,
+    script_argv,
+)
+from vfleet.fleet.perfgate import (
+    DEFAULT_TOLERANCES,
+    TOLERANCE_KEYS,
+    MeasureError,
+    Reference,
+    Tolerances,
+    Verdict,
+    decide,
+    default_shape,
+    measure,
+    require,
+)
+from vfleet.fleet.perfgate_run import parse_tolerances
+from vfleet.fleet.targets import Listen, endpoint
+from vfleet.measure.client import BenchError, Client
+from vfleet.measure.prompts import PromptBuilder, vllm_counter
+from vfleet.paths import hostside_script
+
+SWITCH_STATE = "switch.json"
+SCHEMA = 1
+SLEEP_LEVEL_VAR = "VFLEET_SLEEP_LEVEL"  # rule sleep-mode writes it into vllm.env
+# The greedy check: a fixed prompt, temperature 0, a few tokens.
+GREEDY_PROMPT = "The switch check: count from one to ten."
+GREEDY_TOKENS = 16
+# The acceptance gate looks for a collapse, not drift. Its probe is one request of the
+# performance gate's bench shape, before the sleep on the idle engine (exact) and after the wake
+# beside what clients queued, whose drafts count in the same /metrics counters: on the CPU test
+# model the bench's acceptance is 1.0 idle and 0.76-0.80 beside 4-token chat requests, with no
+# sleep involved. A level 2 wake without the MTP layer reloaded reads 0.0 (docs/GPU.md). Below
+# half fails; drift is for the performance gate's benches on a drained host.
+ACCEPTANCE_TOLERANCE = 0.5
+# A probe that drafts enough to judge: as the performance gate's bench requests (ignore_eos).
+ACCEPTANCE_PROBE_TOKENS = 64
+HTTP_TIMEOUT_S = 60.0
+SCRIPT_MARGIN_S = 30.0
+
+EXAMPLES = """\
+examples:
+  # once: box1-b (the other model, sleep_level set, deployed) is drained; record it and sleep it
+  vfleet balancer drain /srv/vfleet-lb box1-b
+  vfleet switch standby /srv/vfleet-lb box1-b -i inv.yml --perf-gate
+  # then, any time: box1-b serves, box1-a sleeps; and back
+  vfleet switch to /srv/vfleet-lb box1-b -i inv.yml
+  vfleet switch to /srv/vfleet-lb box1-a -i inv.yml
+  vfleet switch show /srv/vfleet-lb          # who serves, who sleeps, the last switch
+
+exit status: 0 switched (or put to sleep); 1 a gate or a step failed: rolled back to the
+model that served (the report says why, and whether it serves again), or nginx refused the
+flip and nothing changed; 2 bad input (nothing was changed).
+"""
+
+
+class StepFailed(Exception):
+    """A step of the switch failed: roll back."""
+
+
+# --------------------------------------------------------------------------- one replica
+
+
+@dataclass
+class Replica:
+    """One instance of the pair: where its vLLM is, how to reach it, its sleep level."""
+
+    host: str
+    hv: dict[str, Any]
+    python: str
+    port: int  # vLLM's own port on the host's loopback
+    served: str
+    level: int
+    api_key: str | None
+    weights: str = ""  # the model folder's name: which model this instance holds
+    url: str = ""  # where this machine reaches vLLM (an ssh tunnel for a remote host)
+    tunnel: subprocess.Popen[bytes] | None = None
+
+    def ctl(self, *args: str, timeout: float) -> dict[str, Any]:
+        """hostside/sleepctl.py on the host (its loopback), one JSON line back."""
+        argv, stdin, target = script_argv(
+            self.host,
+            self.hv,
+            self.python,
+            hostside_script("sleepctl"),
+            [str(self.port), *args],
+        )
+        try:
+            r = subprocess.run(
+                argv,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=timeout + SCRIPT_MARGIN_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StepFailed(f"{self.host}: sleepctl {args[0]} on {target}: {exc}") from None
+        try:
+            out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise StepFailed(
+                f"{self.host}: sleepctl {args[0]} on {target} (exit {r.returncode}) printed no "
+                f"JSON: {r.stderr.strip()[-300:]}"
+            ) from None
+        if not out.get("ok"):
+            raise StepFailed(f"{self.host}: {out.get('error') or r.stderr.strip()[-300:]}")
+        return out
+
+    def client(self) -> Client:
+        return Client(self.url, timeout=HTTP_TIMEOUT_S, api_key=self.api_key)
+
+    def health(self) -> None:
+        """/health answers 200 (with an empty body)."""
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=30) as resp:
+                if resp.status != 200:
+                    raise StepFailed(f"{self.host}: /health answered {resp.status}")
+        except OSError as exc:  # HTTPError and URLError too
+            raise StepFailed(f"{self.host}: /health: {exc}") from None
+
+    def greedy(self) -> str:
+        try:
+            r = self.client().complete(self.served, GREEDY_PROMPT, GREEDY_TOKENS)
+        except BenchError as exc:
+            raise StepFailed(f"{self.host}: greedy completion failed: {exc}") from None
+        return r.text
+
+    def probe(self) -> dict[str, float] | None:
+        """MTP counter deltas (accepted, drafted) over one request of the performance gate's
+        bench shape (a 64-token chat, ignore_eos, the bench's first prompt); None without
+        speculation. Exact on an idle engine; after a wake it also counts what clients sent."""
+        before = self.counters()
+        if before is None:
+            return None
+        client = self.client()
+        try:
+            prompt = PromptBuilder(vllm_counter(client, self.served)).build(
+                ACCEPTANCE_PROBE_TOKENS, random.Random(0)
+            )
+            client.chat(self.served, prompt.text, ACCEPTANCE_PROBE_TOKENS,
+                        extra={"ignore_eos": True})  # fmt: skip
+        except BenchError as exc:
+            raise StepFailed(f"{self.host}: the acceptance probe failed: {exc}") from None
+        after = self.counters() or {"accepted": 0.0, "drafted": 0.0}
+        return {k: after[k] - before[k] for k in ("accepted", "drafted")}
+
+    def counters(self) -> dict[str, float] | None:
+        """vLLM's cumulative MTP counters (accepted, drafted); None without speculation."""
+        try:
+            version = self.client().request_json("GET", "/version", timeout=10)
+            req = urllib.request.Request(self.url + "/metrics")
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                text = resp.read(1 << 24).decode(errors="replace")
+        except (BenchError, OSError) as exc:
+            raise StepFailed(f"{self.host}: /metrics not read: {exc}") from None
+        values = parse(text, families(str(version.get("version", "")))).values
+        drafted = values.get("spec_draft_tokens")
+        if not drafted:
+            return None
+        return {"accepted": values.get("spec_accepted_tokens", 0.0), "drafted": drafted}
+
+
+def _sleep_level(plan_env: str, host: str) -> int:
+    m = re.search(rf"^{SLEEP_LEVEL_VAR}=['\"]?(\d)", plan_env, re.M)
+    if not m:
+        raise VfleetError(
+            f"{host}'s instance cannot be put to sleep: its release has no sleep_level",
+            where=f"inventory host {host}",
+            key="sleep_level",
+            fix=f"add sleep_level=0 (cpu) or 1 (GPU) to {host}'s vfleet_set and deploy it again",
+        )
+    return int(m.group(1))
+
+
+def replica(inventory: str, host: str, api_key_file: str | None) -> Replica:
+    hv = host_vars(inventory, host)
+    ns = host_namespace(inventory, host, None, None, None, api_key_file)
+    plan, python = host_plan(ns, hv)
+    settings = host_settings(ns, hv)
+    key = None
+    if settings["api_key_file"]:
+        key = read_api_key_file(str(settings["api_key_file"]))
+    else:
+        keys = [s.split("=", 1)[1] for s in settings["sets"] if s.startswith("api_key=")]
+        key = keys[-1] if keys else None
+    return Replica(
+        host,
+        hv,
+        python,
+        plan.service.port,
+        plan.service.served_model_name,
+        _sleep_level(plan.file("vllm.env"), host),
+        key,
+        Path(plan.model.dir).name,
+    )
+
+
+# --------------------------------------------------------------------------- the state
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def read_state(prefix: Path) -> dict[str, Any]:
+    path = prefix / SWITCH_STATE
+    if not path.is_file():
+        return {"schema": SCHEMA, "replicas": {}, "last": None}
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise VfleetError(f"not JSON: {exc}", where=str(path), fix="remove it") from None
+    if data.get("schema") != SCHEMA or not isinstance(data.get("replicas"), dict):
+        raise VfleetError(
+            f"not a switch state of schema {SCHEMA}", where=str(path), fix="remove it"
+        )
+    return data
+
+
+def write_state(prefix: Path, state: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{SWITCH_STATE}.", dir=prefix)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(state, indent=2) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, prefix / SWITCH_STATE)
+
+
+def _record(r: Replica, perf: dict[str, Any] | None) -> dict[str, Any]:
+    """What a replica gives before it sleeps: what it must give again after its wake."""
+    return {
+        "state": "asleep",
+        "level": r.level,
+        "weights": r.weights,
+        "since": _now(),
+        "greedy": {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": r.greedy()},
+        "acceptance": r.probe(),
+        "perf": perf,
+    }
+
+
+# --------------------------------------------------------------------------- the gates
+
+
+@dataclass
+class Gate:
+    name: str
+    ok: bool
+    detail: str
+
+
+def acceptance_gate(
+    before: dict[str, float] | None, after: dict[str, float] | None, tolerance: float
+) -> Gate:
+    """MTP acceptance over the probe after the wake (and whatever clients sent meanwhile)
+    against the engine's own figure over the same probe just before it slept."""
+    if before is None or not before.get("drafted"):
+        return Gate("acceptance", True, "not compared: no speculative decoding before it slept")
+    rate_before = before["accepted"] / before["drafted"]
+    if after is None:
+        return Gate("acceptance", False, "speculative decoding is gone after the wake")
+    drafted = after["drafted"]
+    if drafted <= 0:
+        return Gate("acceptance", False, "no draft tokens after the wake (speculation is off)")
+    rate = after["accepted"] / drafted
+    ok = rate >= rate_before * (1 - tolerance)
+    text = f"{rate_before:.3f} before it slept, {rate:.3f} after the wake ({drafted:.0f} drafted)"
+    return Gate("acceptance", ok, text + ("" if ok else f": collapsed (tolerance {tolerance:.0%})"))
+
+
+def run_gates(
+    r: Replica,
+    rec: dict[str, Any],
+    perf_gate: bool,
+    tolerance: float,
+    perf_tolerances: Tolerances = DEFAULT_TOLERANCES,
+) -> list[Gate]:
+    """The gates on a woken replica, in order, stopping at the first failure."""
+    gates: list[Gate] = []
+    client = r.client()
+    try:
+        r.health()
+        gates.append(Gate("health", True, "/health 200"))
+    except StepFailed as exc:
+        return [Gate("health", False, str(exc))]
+    try:
+        one = client.complete(r.served, "Hi", 1)
+        gates.append(Gate("completion", True, f"{one.completion_tokens or 1} token"))
+    except BenchError as exc:
+        return [*gates, Gate("completion", False, str(exc))]
+    want = (rec.get("greedy") or {}).get("text")
+    got = r.greedy()
+    if want is None:
+        gates.append(Gate("greedy", True, "not compared: nothing recorded"))
+    else:
+        ok = got == want
+        gates.append(Gate("greedy", ok, "same reply as before it slept" if ok
+                          else f"reply {got!r} differs from the recorded {want!r}"))  # fmt: skip
+        if not ok:
+            return gates
+    before = rec.get("acceptance")
+    acc = acceptance_gate(before, r.probe() if before else None, tolerance)
+    gates.append(acc)
+    if not acc.ok:
+        return gates
+    if perf_gate and rec.get("perf"):
+        shape = default_shape(int(rec["perf"]["shape"]["concurrency"]))
+        try:
+            m = measure(r.url, r.served, shape, api_key=r.api_key)
+        except MeasureError as exc:
+            return [*gates, Gate("performance", False, f"not measured: {exc}")]
+        ref = Reference(
+            f"its own bench, {rec['perf']['time']}",
+            PerfFigures(**rec["perf"]["figures"]),
+            shape,
+            None,
+        )
+        # The woken engine serves clients while it is benched: the /metrics counters count their
+        # tokens too (the CPU test: the bench's acceptance 1.0 idle, 0.76-0.80 beside 4-token
+        # chat requests). Times are compared; MTP is the acceptance gate's.
+        timed = replace(m.figures, acceptance_rate=None, tokens_per_step=None)
+        v: Verdict = decide(ref, timed, shape, perf_tolerances)
+        gates.append(Gate("performance", v.passed, v.text()))
+    else:
+        gates.append(Gate("performance", True, "off: " + (
+            "--no-perf-gate" if not perf_gate else "no bench recorded for it")))  # fmt: skip
+    return gates
+
+
+# --------------------------------------------------------------------------- the switch
+
+
+@dataclass
+class Report:
+    to: str
+    frm: str
+    outcome: str = ""
+    seconds: float = 0.0  # flip to gates passed (or to the rollback's end)
+    first_token_s: float | None = None  # flip to the first token a client got from `to`
+    drain_s: float | None = None
+    sleep_s: float | None = None
+    wake_s: float | None = None
+    gates: list[Gate] = field(default_factory=list)
+    why: str | None = None
+    rollback: str | None = None
+
+    def text(self) -> str:
+        lines = [f"switch {self.frm} -> {self.to}: {self.outcome} in {self.seconds:.2f} s"]
+        if self.first_token_s is not None:
+            lines.append(f"  first token from {self.to} through the front: "
+                         f"{self.first_token_s:.2f} s after the flip")  # fmt: skip
+        steps = [("old workers done", self.drain_s), (f"{self.frm} asleep", self.sleep_s),
+                 (f"{self.to} awake", self.wake_s)]  # fmt: skip
+        lines.append("  " + ", ".join(f"{n} {s:.2f} s" for n, s in steps if s is not None))
+        for g in self.gates:
+            lines.append(f"  gate {g.name:<11} {'ok  ' if g.ok else 'FAIL'} {g.detail}")
+        if self.why:
+            lines.append(f"  why: {self.why}")
+        if self.rollback:
+            lines.append(f"  rollback: {self.rollback}")
+        return "\n".join(lines)
+
+
+class FirstToken(threading.Thread):
+    """One streamed completion through the front, sent right after the flip: it lands on the
+    paused standby and is answered after the wake (what a client sees)."""
+
+    def __init__(self, url: str, model: str, key: str | None, t0: float) -> None:
+        super().__init__(name="first-token", daemon=True)
+        self.client = Client(url, timeout=300.0, api_key=key)
+        self.model, self.t0 = model, t0
+        self.at: float | None = None
+        self.error: str | None = None
+
+    def run(self) -> None:
+        sent = time.monotonic() - self.t0
+        try:
+            r = self.client.complete(self.model, "Hi", 4)
+        except BenchError as exc:
+            self.error = str(exc)
+            return
+        self.at = sent + (r.first_s if r.first_s is not None else r.e2e_s)
+
+
+def _pair(prefix: Path, to: str) -> tuple[dict[str, Any], str]:
+    lb = load(prefix)
+    names = [r["host"] for r in lb["replicas"]]
+    if to not in names:
+        raise VfleetError(
+            f"{to!r} is not a replica of this balancer",
+            where=str(prefix / STATE),
+            fix=f"one of: {', '.join(names)}",
+        )
+    serving = [r["host"] for r in lb["replicas"] if not r["down"]]
+    if to in serving:
+        raise VfleetError(
+            f"{to} already serves (admitted in the balancer)",
+            where=str(prefix / STATE),
+            fix="switch to the replica that sleeps; `vfleet switch show DIR` says which",
+        )
+    if len(serving) != 1:
+        raise VfleetError(
+            f"{len(serving)} replicas serve ({', '.join(serving) or 'none'}): a switch needs "
+            "exactly one serving and the one to wake drained",
+            where=str(prefix / STATE),
+            fix="vfleet balancer drain DIR HOST until one serves",
+        )
+    if running_pid(prefix) is None:
+        raise VfleetError(
+            "nginx does not run for this balancer: requests would have nowhere to wait",
+            where=str(prefix),
+            fix=f"vfleet balancer start {prefix}",
+        )
+    return lb, serving[0]
+
+
+def switch(
+    prefix: Path,
+    new: Replica,
+    old: Replica,
+    *,
+    perf_gate: bool,
+    tolerance: float,
+    perf_tolerances: Tolerances = DEFAULT_TOLERANCES,
+    front_url: str | None,
+    out: Any,
+) -> Report:
+    state = read_state(prefix)
+    rec = state["replicas"].get(new.host) or {}
+    rep = Report(new.host, old.host)
+    t0 = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.2f} s] {text}", file=out, flush=True)
+
+    probe: FirstToken | None = None
+    flipped = False
+    try:
+        gone = flip(prefix, admit=new.host, drain=old.host)
+        flipped = True
+        say(f"nginx: {new.host} admitted, {old.host} drained (one reload)")
+        if front_url:
+            probe = FirstToken(front_url, new.served, new.api_key, t0)
+            probe.start()
+        rep.drain_s = workers_gone(prefix, gone)
+        say(f"nginx's old workers finished their requests to {old.host}")
+        old_rec = _record(old, (state["replicas"].get(old.host) or {}).get("perf"))
+        rep.sleep_s = float(old.ctl("sleep", str(old.level), "--mode", "wait",
+                                    timeout=120)["seconds"])  # fmt: skip
+        say(f"{old.host} asleep (level {old.level})")
+        state["replicas"][old.host] = old_rec
+        write_state(prefix, state)
+        rep.wake_s = float(new.ctl("wake", str(new.level), timeout=60)["seconds"])
+        say(f"{new.host} awake")
+        rep.gates = run_gates(new, rec, perf_gate, tolerance, perf_tolerances)
+        failed = [g for g in rep.gates if not g.ok]
+        if failed:
+            raise StepFailed(f"gate {failed[0].name} failed: {failed[0].detail}")
+    except (StepFailed, VfleetError, BenchError) as exc:
+        rep.why = str(exc)
+        if not flipped:  # nginx refused the new configuration: nothing changed
+            say(f"FAILED before anything changed: {exc}")
+            rep.outcome = "not started"
+        else:
+            say(f"FAILED: {exc}; rolling back to {old.host}")
+            rep.rollback = _rollback(prefix, state, new, old, say)
+            rep.outcome = "rolled back" if rep.rollback.startswith("ok") else "FAILED"
+    else:
+        state["replicas"][new.host] = {
+            "state": "serving",
+            "level": new.level,
+            "weights": new.weights,
+            "since": _now(),
+            # The reference stays the idle bench `standby --perf-gate` took: this one ran
+            # beside clients.
+            "perf": rec.get("perf"),
+        }
+        rep.outcome = "switched"
+    rep.seconds = time.monotonic() - t0
+    if probe is not None:
+        probe.join(timeout=300)
+        if probe.at is not None and rep.outcome == "switched":
+            rep.first_token_s = probe.at
+    state["last"] = {"time": _now(), **asdict(rep)}
+    write_state(prefix, state)
+    return rep
+
+
+def _rollback(prefix: Path, state: dict[str, Any], new: Replica, old: Replica, say: Any) -> str:
+    """The switch in reverse: `old` serves again. What happened, starting with ok or FAILED."""
+    try:
+        gone = flip(prefix, admit=old.host, drain=new.host)
+        workers_gone(prefix, gone)
+        new.ctl("sleep", str(new.level), "--mode", "wait", timeout=120)
+        state["replicas"][new.host] = {**(state["replicas"].get(new.host) or {}),
+                                       "state": "asleep", "since": _now()}  # fmt: skip
+        old.ctl("wake", str(old.level), timeout=60)
+        old.health()
+        old.client().complete(old.served, "Hi", 1)
+    except (StepFailed, VfleetError, BenchError) as exc:
+        say(f"ROLLBACK FAILED: {exc}")
+        return f"FAILED: {exc}"
+    state["replicas"][old.host] = {**(state["replicas"].get(old.host) or {}),
+                                   "state": "serving", "since": _now()}  # fmt: skip
+    say(f"{old.host} serves again")
+    return f"ok: {old.host} serves again, {new.host} asleep"
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+def _open(r: Replica) -> None:
+    base = f"http://127.0.0.1:{r.port}"
+    r.url, r.tunnel, _ = endpoint(r.host, r.hv, Listen(base, "127.0.0.1", r.port))
+
+
+def _close(*rs: Replica) -> None:
+    for r in rs:
+        if r.tunnel is not None:
+            r.tunnel.terminate()
+
+
+def cmd_to(a: argparse.Namespace) -> int:
+    prefix = Path(a.dir).resolve()
+    if not 0 <= a.acceptance_tolerance < 1:
+        raise VfleetError("must be 0 or more and below 1", key="--acceptance-tolerance",
+                          fix="e.g. 0.1")  # fmt: skip
+    if not a.no_perf_gate:
+        require()
+    perf_tolerances = parse_tolerances(a.perf_tolerance or [])
+    _pair(prefix, a.host)  # bad input: refused before anything is created or changed
+    with locked(prefix / ".switch"):  # one switch at a time (balancer.json has its own lock)
+        lb, active = _pair(prefix, a.host)
+        new = replica(a.inventory, a.host, a.api_key_file)
+        old = replica(a.inventory, active, a.api_key_file)
+        try:
+            _open(new)
+            _open(old)
+            out = sys.stderr if a.json else sys.stdout
+            rep = switch(
+                prefix,
+                new,
+                old,
+                perf_gate=not a.no_perf_gate,
+                tolerance=a.acceptance_tolerance,
+                perf_tolerances=perf_tolerances,
+                front_url=f"http://{lb['listen']}",
+                out=out,
+            )
+        finally:
+            _close(new, old)
+    print(json.dumps(asdict(rep), indent=2) if a.json else rep.text())
+    return 0 if rep.outcome == "switched" else 1
+
+
+def cmd_standby(a: argparse.Namespace) -> int:
+    prefix = Path(a.dir).resolve()
+    if a.perf_gate:
+        require()
+    if a.perf_concurrency < 1:
+        raise VfleetError("must be 1 or more", key="--perf-concurrency", fix="e.g. 1")
+    load(prefix)  # no balancer there: refused before the lock creates anything
+    with locked(prefix / ".switch"):
+        lb = load(prefix)
+        row = next((r for r in lb["replicas"] if r["host"] == a.host), None)
+        if row is None or not row["down"]:
+            raise VfleetError(
+                f"{a.host} is {'not a replica' if row is None else 'serving'} in this balancer",
+                where=str(prefix / STATE),
+                fix=f"vfleet balancer drain {prefix} {a.host} first (another replica serves)",
+            )
+        r = replica(a.inventory, a.host, a.api_key_file)
+        try:
+            if r.ctl("state", timeout=10)["is_sleeping"]:
+                # Its requests would wait in the paused engine's queue until they time out.
+                raise VfleetError(
+                    f"{a.host} is asleep already",
+                    where=f"inventory host {a.host}",
+                    fix=f"vfleet switch show {prefix}; `switch to` wakes it",
+                )
+            _open(r)
+            perf = None
+            if a.perf_gate:
+                shape = default_shape(a.perf_concurrency)
+                try:
+                    m = measure(r.url, r.served, shape, api_key=r.api_key)
+                except MeasureError as exc:
+                    print(f"{a.host}: not measured: {exc}")
+                    return 1
+                perf = {"shape": asdict(shape), "figures": asdict(m.figures), "time": _now()}
+            rec = _record(r, perf)
+            took = r.ctl("sleep", str(r.level), "--mode", "wait", timeout=120)["seconds"]
+        except StepFailed as exc:
+            print(f"{a.host}: {exc}")
+            return 1
+        finally:
+            _close(r)
+        state = read_state(prefix)
+        state["replicas"][a.host] = rec
+        write_state(prefix, state)
+    acc = rec["acceptance"] or {}
+    print(f"{a.host} asleep at level {r.level} ({took:.2f} s); recorded its greedy reply"
+          + (f", MTP acceptance {acc['accepted'] / acc['drafted']:.3f}" if acc.get("drafted")
+             else "")
+          + (", its bench" if perf else ""))  # fmt: skip
+    return 0
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    prefix = Path(a.dir).resolve()
+    lb = load(prefix)
+    state = read_state(prefix)
+    rows = []
+    for r in lb["replicas"]:
+        rec = state["replicas"].get(r["host"]) or {}
+        rows.append({
+            "host": r["host"],
+            "in_balancer": not r["down"],
+            "weights": rec.get("weights"),
+            "state": rec.get("state", "serving" if not r["down"] else "drained"),
+            "level": rec.get("level"),
+            "since": rec.get("since"),
+        })  # fmt: skip
+    if a.json:
+        print(json.dumps({"replicas": rows, "last": state.get("last")}, indent=2))
+        return 0
+    for row in rows:
+        lvl = f" (level {row['level']})" if row["state"] == "asleep" else ""
+        model = f"  {row['weights']}" if row["weights"] else ""
+        print(f"  {row['host']:<16} {row['state']}{lvl}  since {row['since'] or '-'}{model}")
+    last = state.get("last")
+    if last:
+        print(
+            f"last switch {last['frm']} -> {last['to']} at {last['time']}: {last['outcome']} "
+            f"in {last['seconds']:.2f} s" + (f" ({last['why']})" if last.get("why") else "")
+        )
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "switch",
+        help="switch a box between two resident models in seconds (sleep one, wake the other)",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ss = p.add_subparsers(dest="switch_cmd", required=True, metavar="COMMAND")
+    to = ss.add_parser(
+        "to",
+        help="wake HOST and let it serve; the replica that served goes to sleep",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sb = ss.add_parser(
+        "standby",
+        help="record a drained replica's greedy reply, MTP counters (and bench), then sleep it",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for c in (to, sb):
+        c.add_argument("dir", metavar="DIR", help="the `vfleet balancer` folder of the pair")
+        c.add_argument("host", metavar="HOST", help="the inventory host of that instance")
+        inventory_arg(c)
+        api_key_file_arg(c)
+    to.add_argument(
+        "--no-perf-gate",
+        action="store_true",
+        help="skip the performance gate (it runs when `standby --perf-gate` recorded a bench "
+        "for HOST)",
+    )
+    to.add_argument(
+        "--acceptance-tolerance",
+        type=float,
+        default=ACCEPTANCE_TOLERANCE,
+        metavar="FRACTION",
+        help="the largest drop of MTP acceptance after a wake, against the engine's own figure "
+        "before it slept, that still passes (default %(default)g: a collapse fails, drift is "
+        "the performance gate's)",
+    )
+    to.add_argument(
+        "--perf-tolerance",
+        action="append",
+        metavar="FIGURE=FRACTION",
+        help="the performance gate's allowed change in the worse direction, as `vfleet swap "
+        "--perf-tolerance` (repeatable; defaults: "
+        + ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in TOLERANCE_KEYS)
+        + "); only output tok/s and TTFT are compared during a switch",
+    )
+    to.add_argument("--json", action="store_true", help="the report as JSON (progress on stderr)")
+    to.set_defaults(fn=cmd_to)
+    sb.add_argument(
+        "--perf-gate",
+        action="store_true",
+        help="bench it first (`vfleet perf-gate`'s short bench): each wake is then compared "
+        "with it",
+    )
+    sb.add_argument("--perf-concurrency", type=int, default=1, metavar="N",
+                    help="the bench's concurrency (default %(default)s)")  # fmt: skip
+    sb.set_defaults(fn=cmd_standby)
+    sh = ss.add_parser("show", help="which replica serves, which sleeps, the last switch")
+    sh.add_argument("dir", metavar="DIR")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(fn=cmd_show)

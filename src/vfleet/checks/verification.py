@@ -234,6 +234,16 @@ RECORDS: tuple[StackRecord, ...] = (
                 "extension, not in vLLM), 3 of 3 runs (docs/GPU.md section 8; "
                 "bench/results/h200/switch-run*.json)",
             ),
+            Claim(
+                "resident pair's planned sleeper",
+                Level.GPU,
+                "`vfleet plan --standby-model` plans a sleeping engine at 2,217 +/- 512 MiB per "
+                "GPU: the largest nvidia-smi figure of a sleeping engine on the H200 with 0.24.0 "
+                "(GPU.md section 6: 1,797 tiny, 2,217 mid; the switch runs: 1,768-1,790 and "
+                "2,200-2,208 MiB). A 27B sleeper and any other card are "
+                "unverified: the +/- is a guess, not a measurement (engine/resident.py, "
+                "docs/PLANNER.md)",
+            ),
         ),
     ),
     StackRecord(

@@ -129,6 +129,11 @@ def _shape(a: argparse.Namespace) -> BenchShape:
     return shape
 
 
+def default_tolerances_text() -> str:
+    """The default tolerances as `--perf-tolerance` help shows them (FIGURE=FRACTION, ...)."""
+    return ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in TOLERANCE_KEYS)
+
+
 def parse_tolerances(items: list[str]) -> Tolerances:
     tol = DEFAULT_TOLERANCES
     for item in items:
@@ -434,7 +439,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="append",
         metavar="FIGURE=FRACTION",
         help="override a tolerance, e.g. output_tps=0.2 (defaults: "
-        + ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in TOLERANCE_KEYS)
+        + default_tolerances_text()
         + ")",
     )
     c.add_argument("--api-key-env", metavar="VAR", help="send the API key held in VAR")

@@ -47,12 +47,10 @@ from vfleet.fleet.inventory import (
 )
 from vfleet.fleet.perfgate import (
     DEFAULT_CONCURRENCY,
-    DEFAULT_TOLERANCES,
-    TOLERANCE_KEYS,
     Verdict,
     require,
 )
-from vfleet.fleet.perfgate_run import parse_tolerances
+from vfleet.fleet.perfgate_run import default_tolerances_text, parse_tolerances
 from vfleet.fleet.targets import endpoint
 from vfleet.paths import REPO_ROOT
 
@@ -549,9 +547,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="append",
         metavar="FIGURE=FRACTION",
         help="allowed change in the worse direction, e.g. output_tps=0.2 (repeatable; "
-        "defaults from measured noise: "
-        + ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in TOLERANCE_KEYS)
-        + ")",
+        "defaults from measured noise: " + default_tolerances_text() + ")",
     )
     p.add_argument("--base-dir", metavar="DIR", help="vfleet's folder on the hosts")
     p.add_argument("--json", action="store_true", help="the report as JSON (progress on stderr)")

@@ -57,7 +57,6 @@ from vfleet.fleet.inventory import (
 )
 from vfleet.fleet.perfgate import (
     DEFAULT_TOLERANCES,
-    TOLERANCE_KEYS,
     MeasureError,
     Reference,
     Tolerances,
@@ -67,7 +66,7 @@ from vfleet.fleet.perfgate import (
     measure,
     require,
 )
-from vfleet.fleet.perfgate_run import parse_tolerances
+from vfleet.fleet.perfgate_run import default_tolerances_text, parse_tolerances
 from vfleet.fleet.targets import Listen, endpoint
 from vfleet.measure.client import BenchError, Client
 from vfleet.measure.prompts import PromptBuilder, vllm_counter
@@ -738,7 +737,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="FIGURE=FRACTION",
         help="the performance gate's allowed change in the worse direction, as `vfleet swap "
         "--perf-tolerance` (repeatable; defaults: "
-        + ", ".join(f"{k}={DEFAULT_TOLERANCES.of(k):g}" for k in TOLERANCE_KEYS)
+        + default_tolerances_text()
         + "); only output tok/s and TTFT are compared during a switch",
     )
     to.add_argument("--json", action="store_true", help="the report as JSON (progress on stderr)")

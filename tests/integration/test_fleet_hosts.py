@@ -471,7 +471,7 @@ def sentinels(n: Node) -> list[str]:
 SWAP_WRITES = ("/etc/systemd/system", "/etc/logrotate.d", RELEASE_FILE)
 
 
-def outside_units(scan: list[str]) -> list[str]:
+def outside_swap_writes(scan: list[str]) -> list[str]:
     """A host scan without what a swap rewrites (SWAP_WRITES)."""
     return [x for x in scan if not any(x.startswith((w + " ", w + "/vfleet")) for w in SWAP_WRITES)]
 
@@ -1039,7 +1039,7 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     for n in fleet.nodes.values():
         plant_links(n)
     planted = {name: sentinels(n) for name, n in fleet.nodes.items()}
-    scans = {name: outside_units(host_scan(n)) for name, n in fleet.nodes.items()}
+    scans = {name: outside_swap_writes(host_scan(n)) for name, n in fleet.nodes.items()}
     load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
     try:
         time.sleep(20)
@@ -1057,7 +1057,7 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     finally:
         load.stop()
         after_swap = {name: sentinels(n) for name, n in fleet.nodes.items()}
-        rescans = {name: outside_units(host_scan(n)) for name, n in fleet.nodes.items()}
+        rescans = {name: outside_swap_writes(host_scan(n)) for name, n in fleet.nodes.items()}
         for n in fleet.nodes.values():
             remove_links(n)
     record("swap_fleet_behind_nginx", {"swap": report, "load_steady": steady,

@@ -144,6 +144,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
 
+    # xdist's private methods (3.6-3.8): another xdist without them keeps its own scheduler.
+    if not all(hasattr(LoadFileScheduling, m) for m in ("_pending_of", "_assign_work_unit")):
+        return None
     class LastTestFirst(LoadFileScheduling):  # type: ignore[misc]
         def _reschedule(self, node: Any) -> None:
             if node.shutting_down:

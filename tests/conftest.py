@@ -147,6 +147,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # xdist's private methods (3.6-3.8): another xdist without them keeps its own scheduler.
     if not all(hasattr(LoadFileScheduling, m) for m in ("_pending_of", "_assign_work_unit")):
         return None
+
     class LastTestFirst(LoadFileScheduling):  # type: ignore[misc]
         def _reschedule(self, node: Any) -> None:
             if node.shutting_down:

@@ -466,9 +466,9 @@ def sentinels(n: Node) -> list[str]:
 
 
 # What a swap rewrites as root outside vfleet's folder, in root's own folders: the units (they
-# name the release), /etc/logrotate.d/vfleet (its header names the model), and the release file
-# the scan names.
-SWAP_WRITES = ("/etc/systemd/system", "/etc/logrotate.d", RELEASE_FILE)
+# name the release) and the release file the scan names. /etc/logrotate.d/vfleet is not one of
+# them: it is the host's, the same for every model (its header named the model until 2026-12).
+SWAP_WRITES = ("/etc/systemd/system", RELEASE_FILE)
 
 
 def outside_swap_writes(scan: list[str]) -> list[str]:

@@ -72,6 +72,19 @@ def test_the_plan_is_frozen_and_typed() -> None:
     assert "VLLM_API_KEY" in p.secret_keys()
 
 
+def test_the_logrotate_file_is_the_hosts_not_an_instances() -> None:
+    # /etc/logrotate.d/vfleet serves every instance under a base dir: another model, instance or
+    # profile renders the same file (a swap wrote it again in /etc when its header named the
+    # model), another base dir another one.
+    args = CASES["plan"]["cpu--tiny-hybrid-mtp"]["args"]
+    text = _plan(args).logrotate
+    assert "tiny-hybrid-mtp" not in text and "/opt/vfleet/logs/*.log {" in text
+    other = _plan({**args, "model": "tiny-dense", "instance": "b", "sets": ["port=8001"]})
+    assert other.logrotate == text
+    moved = _plan({**args, "base_dir": "/srv/elsewhere"})
+    assert moved.logrotate != text and "/srv/elsewhere/logs/*.log {" in moved.logrotate
+
+
 def test_prometheus_plan_is_the_dict_it_was() -> None:
     c = CASES["prometheus_plan"]
     target = plan(*c["targets_from"]).as_dict()["monitoring"] | {"address": c["address"]}

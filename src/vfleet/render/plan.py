@@ -56,8 +56,14 @@ from vfleet.render.release import (
 
 
 def logrotate(launch: Launch) -> str:
-    """/etc/logrotate.d/vfleet for the host's log folder (one per base dir, all instances)."""
-    return template_env().get_template("logrotate.j2").render(context(launch))
+    """/etc/logrotate.d/vfleet for the host's log folder (one per base dir, all instances).
+    Its header names no instance, model or profile: it is every instance's file, and a swap
+    or another instance's deploy must not rewrite a file in /etc for nothing."""
+    header = (
+        f"# Rendered by vfleet {__version__} for every instance under {launch.host.base_dir}. "
+        "Do not edit: a deploy writes it again."
+    )
+    return template_env().get_template("logrotate.j2").render({**context(launch), "header": header})
 
 
 # --------------------------------------------------------------------------- the typed plan

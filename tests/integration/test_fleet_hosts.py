@@ -1042,18 +1042,17 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     scans = {name: outside_swap_writes(host_scan(n)) for name, n in fleet.nodes.items()}
     load = loadgen.Load(url, API_KEY, rate=1.0, max_requests=3000, limit_s=1500).start()
     try:
-        time.sleep(20)
-        steady = load.summary(load.window(0, load.now()))
+        # Windows by count, not fixed sleeps (issue 30): 6 answers before, and the first 6
+        # after the swap returned (the old 10 s pause before that window went unchecked).
+        steady = load.summary(load.answered(0, 6))
         t0 = load.now()
         rc, report, err = swap(
             fleet, "cpu_fleet", "--model", "tiny-dense", "--set", f"served_model_name={MODEL}",
             "--balancer", str(prefix), "--serial", "1,1",
         )  # fmt: skip
-        during = load.summary(load.window(t0, load.now()))
-        time.sleep(10)
         t1 = load.now()
-        time.sleep(20)
-        after = load.summary(load.window(t1, load.now()))
+        during = load.summary(load.window(t0, t1))
+        after = load.summary(load.answered(t1, 6))
     finally:
         load.stop()
         after_swap = {name: sentinels(n) for name, n in fleet.nodes.items()}
@@ -1126,8 +1125,7 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         f"http://127.0.0.1:{node1.port}", API_KEY, rate=1.0, max_requests=3000, limit_s=1500
     ).start()
     try:
-        time.sleep(15)
-        steady = load.summary(load.window(0, load.now()))
+        steady = load.summary(load.answered(0, 4))
         assert steady["ok"] >= 3 and steady["failed"] == 0, steady
         t0 = load.now()
         rc, report, err = swap(fleet, "node1", "--model", MODEL)
@@ -1156,8 +1154,7 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         assert f"back on {MODEL} (previous release), serving" in back["outcome"], back
         t2 = load.now()
         rolled = load.summary(load.window(t1, t2))
-        time.sleep(10)
-        restored = load.summary(load.window(t2, load.now()))
+        restored = load.summary(load.answered(t2, 6))
         record("swap_single_box_broken", {"swap": report, "load": rolled,
                                           "load_after": restored})  # fmt: skip
         assert unit_show(node1)["ActiveState"] == "active"

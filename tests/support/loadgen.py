@@ -122,6 +122,17 @@ class Load:
     def window(self, start: float, end: float) -> list[Request]:
         return [r for r in self.requests if start <= r.start < end]
 
+    def answered(self, since: float, n: int, limit_s: float = 120) -> list[Request]:
+        """The requests started at `since` or later, once n of them have an answer (ok or
+        not) or limit_s passed (the test's assertion then says how many): a window as long as
+        the count needs, not a fixed sleep (1 request/s gives n in about n seconds)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            got = self.window(since, float("inf"))
+            if len(got) >= n or time.monotonic() > deadline or self._stop.is_set():
+                return got
+            time.sleep(0.2)
+
     def downtime(self) -> float:
         """The longest stretch with no successful request ending, in seconds."""
         ends = sorted(r.end for r in self.requests if r.ok)

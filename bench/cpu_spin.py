@@ -23,11 +23,16 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
-from cpu_start_cost import cpu_vllm, free_port, post, server_argv  # this folder, run as a script
+from cpu_start_cost import (  # this folder, run as a script
+    cpu_vllm,
+    free_port,
+    post,
+    server_argv,
+    wait_ready,
+)
 
 JOB = "s = 0\nfor i in range(30_000_000):\n    s += i\n"
 
@@ -69,15 +74,7 @@ def main() -> int:
             with (Path(tmp) / "vllm.log").open("ab") as out:
                 proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
-                deadline = time.monotonic() + 600
-                while True:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"vLLM did not come up; see {tmp}/vllm.log")
-                    try:
-                        with urllib.request.urlopen(url + "/health", timeout=2):
-                            break
-                    except OSError:
-                        time.sleep(0.3)
+                wait_ready(proc, url + "/health", Path(tmp) / "vllm.log")
                 time.sleep(5)  # past the start's last work
                 print(json.dumps({"server": name, "load": 0, "job_s": job(a.core)}), flush=True)
                 for rate in (1.0, 0.5, 0.25):
@@ -90,8 +87,7 @@ def main() -> int:
                     t.join(timeout=60)
                     print(json.dumps({"server": name, "load": rate, "job_s": took}), flush=True)
             finally:
-                proc.terminate()
-                proc.wait(60)
+                stop(proc)
     return 0
 
 

@@ -63,6 +63,31 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, limit_s: float = 600) -> None:
+    """Until `url` answers; a server that exits or takes longer than limit_s raises."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited {proc.returncode}; see {log}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not ready in {limit_s:.0f} s; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.25)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (vLLM drains), SIGKILL after 60 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def post(url: str, body: dict[str, object]) -> None:
     req = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json"}
@@ -106,16 +131,7 @@ def one(
     with (tmp / "vllm.log").open("ab") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited {proc.returncode}; see {tmp / 'vllm.log'}")
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError(f"not ready in 600 s; see {tmp / 'vllm.log'}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.3)
+        wait_ready(proc, url + "/health", tmp / "vllm.log")
         ready, cpu = time.monotonic() - t0, tree_cpu_s(proc.pid)
         rates = []
         for i in range(5):
@@ -126,12 +142,7 @@ def one(
             rates.append(round(256 / (time.monotonic() - a)))
         return {"ready_s": round(ready, 1), "cpu_s": round(cpu, 1), "decode_tok_s": rates}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def main() -> int:

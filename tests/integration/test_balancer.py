@@ -34,15 +34,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+# The request a flip holds in flight: long enough that `workers_gone` must wait for it more
+# than a second even when the reload and the 20 requests after it took a loaded machine 4 s.
+HELD_S = 6.0
+
+
 class Replica(FakeUpstream):
-    """Answers every request with a JSON body that names it; /v1/slow... after 3 s."""
+    """Answers every request with a JSON body that names it; /v1/slow after 3 s, /v1/held
+    after HELD_S."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         body = json.dumps({"replica": name}).encode()
 
         def answer(request: Request) -> Reply:
-            delay = 3.0 if request.path.startswith("/v1/slow") else 0.0
+            delay = {"/v1/slow": 3.0, "/v1/held": HELD_S}.get(request.path, 0.0)
             return Reply(body, content_type="application/json", delay=delay)
 
         super().__init__({"*": answer})
@@ -115,26 +121,26 @@ def test_drain_sends_new_requests_elsewhere_and_lets_in_flight_ones_finish(lb, c
 
 def test_flip_admits_one_and_drains_the_other_in_one_reload_then_waits_for_old_workers(lb) -> None:  # type: ignore[no-untyped-def]
     # `vfleet switch`: b (drained) comes in and a goes out at once; workers_gone returns only
-    # after the request a held through the reload was answered (3 s), nothing reaches a after.
-    # The bound is on a's side: a cannot answer before 3 s after the request was sent, and the
-    # old nginx worker lives until it has passed that answer on. (The client thread may see the
-    # answer a little after the worker exited on a loaded machine: CI failed on asserting that
-    # order, which is not the claim.)
+    # after the request a held through the reload was answered (HELD_S), nothing reaches a
+    # after. The bounds are on a's side: a cannot answer before HELD_S after the request was
+    # sent, and the old nginx worker lives until it has passed that answer on; a workers_gone
+    # that does not wait returns at once. (The client thread may see the answer a little after
+    # the worker exited on a loaded machine: CI failed on asserting that order, not the claim.)
     prefix, url, reps = lb
     set_down(prefix, "b", True)
     assert spread(url, 5) == Counter({"a": 5})
     with ThreadPoolExecutor(1) as pool:
         sent = time.monotonic()
-        held = pool.submit(get, f"{url}/v1/slow")
+        held = pool.submit(get, f"{url}/v1/held")
         deadline = time.monotonic() + 10
-        while not any(q.path == "/v1/slow" for q in reps["a"].requests):
+        while not any(q.path == "/v1/held" for q in reps["a"].requests):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         old = flip(prefix, admit="b", drain="a")
         assert spread(url) == Counter({"b": 20}) and not held.done()  # new ones go to b at once
         waited = workers_gone(prefix, old)
         returned = time.monotonic()
-        assert returned - sent >= 3.0, (returned - sent, waited)  # not just for the reload
+        assert returned - sent >= HELD_S and waited > 1.0, (returned - sent, waited)
         assert held.result(timeout=10) == (200, "a")
     assert [r["down"] for r in load(prefix)["replicas"]] == [True, False]
     with pytest.raises(VfleetError, match="'c' is not a replica"):

@@ -1059,8 +1059,12 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
         rescans = {name: outside_swap_writes(host_scan(n)) for name, n in fleet.nodes.items()}
         for n in fleet.nodes.values():
             remove_links(n)
+    # Every request, those in flight across a window's edge included (the windows count
+    # requests by when they started, and one in flight at an edge is in neither).
+    total = load.summary(load.requests)
     record("swap_fleet_behind_nginx", {"swap": report, "load_steady": steady,
-                                       "load_during": during, "load_after": after})  # fmt: skip
+                                       "load_during": during, "load_after": after,
+                                       "load": total})  # fmt: skip
     assert rc == 0, err[-3000:]
     # Nothing outside vfleet's folder changed owner, mode, size, mtime or link target on
     # either host, but what the swap rewrites in root's own folders (SWAP_WRITES).
@@ -1080,6 +1084,7 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     assert steady["failed"] == 0 and steady["ok"] >= 5, steady
     assert during["failed"] == 0 and during["ok"] >= 10, during
     assert after["failed"] == 0 and after["ok"] >= 5, after
+    assert total["failed"] == 0, total
     state = json.loads((prefix / "balancer.json").read_text())
     assert [r["down"] for r in state["replicas"]] == [False, False]
 

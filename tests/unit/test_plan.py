@@ -73,9 +73,9 @@ def test_the_plan_is_frozen_and_typed() -> None:
 
 
 def test_the_logrotate_file_is_the_hosts_not_an_instances() -> None:
-    # /etc/logrotate.d/vfleet serves every instance under a base dir: another model, instance or
-    # profile renders the same file (a swap wrote it again in /etc when its header named the
-    # model), another base dir another one.
+    # /etc/logrotate.d/vfleet serves every instance under a base dir: another model or instance
+    # renders the same file (a swap wrote it again in /etc when its header named the model),
+    # another base dir another one.
     args = CASES["plan"]["cpu--tiny-hybrid-mtp"]["args"]
     text = _plan(args).logrotate
     assert "tiny-hybrid-mtp" not in text and "/opt/vfleet/logs/*.log {" in text

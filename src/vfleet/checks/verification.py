@@ -79,6 +79,15 @@ PINS = Claim(
     "not the wheel running on the GPU",
     ("tests/integration/test_stacks.py::test_gpu_stack_pins_resolve",),
 )
+# docs/PROFILES.md, "CPU cores a serving vLLM keeps busy": only where TP > 1 (the mp executor).
+CORES_SPIN = Claim(
+    "cores busy while serving",
+    Level.UNVERIFIED,
+    "about TP + 1 cores spin while it serves: `busy_loop_s = 1` read in each pinned source "
+    "(distributed/device_communicators/shm_broadcast.py) and the mp executor vLLM picks at "
+    "TP > 1 (config/parallel.py); the spin seen on the CPU build only, never on a GPU box "
+    "(docs/PROFILES.md, docs/BENCHMARKS.md)",
+)
 NOT_RUN = Claim(
     "serves on its GPU",
     Level.UNVERIFIED,
@@ -283,6 +292,7 @@ RECORDS: tuple[StackRecord, ...] = (
                     "tests/integration/test_plugin_vllm.py::test_greedy_output_is_identical_with_pruned_drafts",
                 ),
             ),
+            CORES_SPIN,
             NOT_RUN,
         ),
     ),
@@ -307,6 +317,7 @@ RECORDS: tuple[StackRecord, ...] = (
             ),
             PINS,
             _kv("not checked for this stack (the planner's arithmetic is version-independent)"),
+            CORES_SPIN,
             NOT_RUN,
         ),
     ),
@@ -331,6 +342,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 "terms by hand against vLLM's source; the 21.48 GiB card total from seed 004's log",
                 ("tests/unit/test_planner.py::test_seed_004_terms_by_hand",),
             ),
+            CORES_SPIN,
             NOT_RUN,
         ),
     ),

@@ -3,7 +3,9 @@
 # H200 of docs/GPU.md): one step per call, each well inside a 10-minute call.
 #   send N    (here) put piece N of `gpu_wheelhouse.py build` (.gpulane/chunk-NN) alone into
 #             .gpulane/send, the folder a call carries; then `recv` there; repeat for each N
-#   recv      copy the wheelhouse pieces carried in .gpulane/send into ~/wh (once per piece)
+#   recv [DIR] copy the wheelhouse pieces carried in DIR (default .gpulane/send) into ~/wh
+#   stage     (here) each piece N alone in .gpulane/sN, so that the N calls of `recv
+#             .gpulane/sN` need no step here between them
 #   install   join and install them into ~/site, vfleet's probe and plugin wheels from
 #             build/wheels (`make wheels` here; carried), check the imports, then
 #             flashinfer-cubin alone into ~/site-cubin if it was built (`build --with`)
@@ -11,6 +13,12 @@
 #   caches    carried-same and warm restarts, then a cold start with flashinfer-cubin
 #   cold      a cold start without flashinfer-cubin (the side-by-side of the cubin one)
 #   mid       build the mid-size model, then plugin-off and plugin-on-covered on it
+#   real MODEL [CONFIGS] [SECONDS]
+#             a preset of a real checkpoint (qwen3.6-27b-fp8, ...) at its own size with
+#             random weights (lane --dummy-weights: a config-only folder in ~/models/MODEL),
+#             configurations CONFIGS (default real), stopped after SECONDS (default 560)
+#   awq [SECONDS]
+#             real for both AWQ presets, one after the other, within SECONDS (default 570)
 # Results go to $OUT (the device tool's return folder) or ./out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,9 +44,21 @@ send)
     echo "$piece in .gpulane/send (of $(ls .gpulane/chunk-* | wc -l) pieces): carry .gpulane/send, run recv"
     ;;
 recv)
+    # recv [DIR]: DIR is the carried folder (default .gpulane/send; `stage` makes .gpulane/sN)
     mkdir -p ~/wh
-    cp .gpulane/send/chunk-* ~/wh/
+    cp "${2:-.gpulane/send}"/chunk-* ~/wh/
     ls ~/wh | wc -l
+    ;;
+stage)
+    # (here) piece N alone in .gpulane/sN for every N, hard links: the device calls can then
+    # follow each other without a step here between them (`recv .gpulane/sN`, carrying it)
+    for piece in .gpulane/chunk-*; do
+        n=$((10#${piece##*-}))
+        rm -rf ".gpulane/s$n"
+        mkdir -p ".gpulane/s$n"
+        ln "$piece" ".gpulane/s$n/"
+    done
+    ls -d .gpulane/s[0-9]*
     ;;
 install)
     t0=$(date +%s)
@@ -70,6 +90,22 @@ mid)
     lane run --out "$OUT/mid" --model mid-hybrid-mtp --model-dir ~/models/mid-hybrid-mtp \
         --only plugin-off,plugin-on-covered --repeats 3 \
         --pythonpath $SITE --budget-s 420
+    ;;
+real)
+    model=${2:?real MODEL [CONFIGS] [SECONDS]}
+    only=${3:-real}
+    secs=${4:-560}
+    # `timeout` sends SIGTERM: the lane keeps what it measured, stops its server, writes lane.json
+    timeout -k 30 -s TERM "$secs" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
+        --out "$OUT/$model-${only//,/_}" --model "$model" --dummy-weights \
+        --model-dir ~/models/"$model" --only "$only" --repeats 3 --pythonpath $SITE \
+        --start-timeout "$secs" || echo "lane run $model $only: exit $?"
+    ;;
+awq)
+    t0=$(date +%s)
+    secs=${2:-570}
+    bash "$0" real qwen3.6-27b-awq-int4 real $((secs - 180))
+    bash "$0" real qwen3.8-27b-awq-mtp real $((secs - ($(date +%s) - t0)))
     ;;
 *)
     echo "unknown step $1" >&2

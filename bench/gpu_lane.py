@@ -85,6 +85,13 @@ class LaneConfig:
 ROLES = ("first-request", "probe", "greedy", "sidecar", "bench", "sleep", "restart", "decode")
 # Every configuration of the tiny model keeps within its 4096-token window.
 BASE_SETS = ("max_model_len=4096",)
+# --dummy-weights (a preset of a real checkpoint at its own size, from a config-only folder:
+# config.json and a tokenizer, no weights): vLLM builds the architecture from config.json with
+# random weights (--load-format dummy), and the multimodal class starts without an image
+# processor only with the language model alone (--language-model-only: the vision tower is
+# neither built nor profiled). Nothing else is changed: the window is the profile's own.
+DUMMY_SETS = ("extra_args.load-format=dummy",)
+MULTIMODAL_DUMMY_SETS = ("language_model_only=true",)
 # vLLM 0.24.0 serves /sleep, /wake_up, /is_sleeping and /collective_rpc only with
 # VLLM_SERVER_DEV_MODE=1 (entrypoints/openai/api_server.py); --enable-sleep-mode turns on the
 # CuMem allocator that sleep needs (config/model.py).
@@ -140,6 +147,25 @@ MATRIX: tuple[LaneConfig, ...] = (
         "main with --enable-sleep-mode: level 1 and level 2 sleep/wake cycles against full "
         "restarts of the same release (the fast-swap primitive)",
         debug_log=False,
+    ),
+    LaneConfig(
+        "real",
+        (),
+        ("first-request",),
+        "the rendered defaults at DEBUG (every memory term in the log): with --dummy-weights a "
+        "27B preset at its own size; the first start on a fresh host is cold",
+    ),
+    LaneConfig(
+        "real-restart",
+        (),
+        ("first-request",),
+        "real again, on the caches real left: a warm restart (to /health and the first token)",
+    ),
+    LaneConfig(
+        "real-no-mtp",
+        ("speculative.method=none",),
+        ("first-request", "decode"),
+        "MTP off: single-stream decode without speculation (against the HBM roofline: `report`)",
     ),
     LaneConfig(
         "plugin-off",
@@ -496,6 +522,8 @@ class Host:
     sets: tuple[str, ...] = ()
     # --repeats: sleep/wake cycles per level and full restarts in the `sleep` configuration
     repeats: int = 3
+    # BASE_SETS for the generated models; DUMMY_SETS (and no window) with --dummy-weights
+    base_sets: tuple[str, ...] = BASE_SETS
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -506,20 +534,32 @@ class Host:
         return env
 
 
-def render(host: Host, cfg: LaneConfig, extra: Sequence[str] = ()) -> Path:
-    """Render the release of `cfg` under base/instances/main/releases/<name> and point
-    base/instances/main/current at it (the probe's rendered paths expect that)."""
+def launch_of(host: Host, cfg: LaneConfig, extra: Sequence[str] = ()) -> Any:
+    """vfleet's Launch of `cfg` on `host`: the profile and model with the lane's settings."""
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.config.schema import HostVars
     from vfleet.engine.compile import resolve
-    from vfleet.render.release import render_files, write_atomic
 
-    launch = resolve(
+    return resolve(
         host.profile,
         host.model,
-        sets=[*BASE_SETS, *host.sets, *cfg.sets, *extra],
+        sets=[*host.base_sets, *host.sets, *cfg.sets, *extra],
         host=HostVars(base_dir=str(host.base), cuda_home=host.cuda_home),
     )
+
+
+def resolve_values(host: Host, cfg: LaneConfig) -> dict[str, Any]:
+    """The rendered vLLM arguments of `cfg` (what vllm.yaml holds), by flag name."""
+    values: dict[str, Any] = launch_of(host, cfg).config_values()
+    return values
+
+
+def render(host: Host, cfg: LaneConfig, extra: Sequence[str] = ()) -> Path:
+    """Render the release of `cfg` under base/instances/main/releases/<name> and point
+    base/instances/main/current at it (the probe's rendered paths expect that)."""
+    from vfleet.render.release import render_files, write_atomic
+
+    launch = launch_of(host, cfg, extra)
     inst = host.base / "instances" / "main"
     rel = inst / "releases" / cfg.name
     write_atomic(render_files(launch), rel)
@@ -893,7 +933,7 @@ def serve_one(
     log = logdir / f"{cfg.name}.log"
     rec: dict[str, Any] = {
         "name": cfg.name,
-        "sets": [*BASE_SETS, *host.sets, *cfg.sets, *extra],
+        "sets": [*host.base_sets, *host.sets, *cfg.sets, *extra],
         "why": cfg.why,
         "vllm_yaml": (rel / "vllm.yaml").read_text(encoding="utf-8"),
     }
@@ -997,14 +1037,37 @@ def greedy_pairs(records: Sequence[dict[str, Any]]) -> dict[str, bool]:
     return out
 
 
+# What `run` records of the machine, and the card's copy bandwidth (the decode roofline's
+# ceiling, `report`): a 2 GiB device-to-device copy, bytes read + written, median of 20 timed
+# with CUDA events after 3 warm-ups (as bench/draft_head_gpu.py measures it).
+FACTS_CODE = """
+import json, platform, torch
+p = torch.cuda.get_device_properties(0)
+free, total = torch.cuda.mem_get_info()
+a = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda").normal_()
+b = torch.empty_like(a)
+for _ in range(3):
+    b.copy_(a)
+torch.cuda.synchronize()
+rates = []
+for _ in range(20):
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    b.copy_(a)
+    e1.record()
+    e1.synchronize()
+    rates.append(2 * a.numel() * a.element_size() / (e0.elapsed_time(e1) * 1e-3) / 1e9)
+print(json.dumps({
+    "gpu": p.name, "total_memory": total, "free_memory": free,
+    "capability": list(torch.cuda.get_device_capability(0)), "torch": torch.__version__,
+    "cuda": torch.version.cuda, "python": platform.python_version(),
+    "copy_gbps": round(sorted(rates)[len(rates) // 2], 1),
+}))
+"""
+
+
 def machine_facts(python: str, env: dict[str, str]) -> dict[str, Any]:
-    code = (
-        "import json,torch,platform;p=torch.cuda.get_device_properties(0);"
-        "free,total=torch.cuda.mem_get_info();"
-        "print(json.dumps({'gpu':p.name,'total_memory':total,'free_memory':free,"
-        "'capability':list(torch.cuda.get_device_capability(0)),'torch':torch.__version__,"
-        "'cuda':torch.version.cuda,'python':platform.python_version()}))"
-    )
+    code = FACTS_CODE
     res = subprocess.run(
         [python, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False
     )
@@ -1054,8 +1117,38 @@ def summary_md(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def dummy_base_sets(model: str) -> tuple[str, ...]:
+    """The settings --dummy-weights adds to every configuration of `model`."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.config.profiles import load_model
+
+    multimodal = load_model(model).arch.multimodal
+    return DUMMY_SETS + (MULTIMODAL_DUMMY_SETS if multimodal else ())
+
+
+def build_config_only(python: str, model: str, model_dir: Path, env: dict[str, str]) -> None:
+    """A config-only folder of `model` (vfleet model make --config-only): config.json from the
+    preset (src/vfleet/checks/vllm_check.py model_config_json) and a tokenizer, no weights."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.checks.vllm_check import model_config_json
+    from vfleet.config.profiles import load_model
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(model_config_json(load_model(model)), fh)
+    t_build = time.monotonic()
+    script = str(REPO / "src/vfleet/hostside/tinymodels.py")
+    subprocess.run(
+        [python, script, "config-only", str(model_dir), "--config-json", fh.name],
+        check=True,
+        env=env,
+    )
+    os.unlink(fh.name)
+    print(f"wrote {model} (config only) in {time.monotonic() - t_build:.1f} s: {model_dir}")
+
+
 def make_host(a: argparse.Namespace) -> Host:
-    """The Host of `run` / `caches`; builds the generated model if it is not there yet."""
+    """The Host of `run` / `caches`; builds the generated model (or, with --dummy-weights, the
+    preset's config-only folder) if it is not there yet."""
     base = Path(a.base_dir).expanduser()
     nvcc = shutil.which("nvcc")
     cuda_home = a.cuda_home or (
@@ -1072,14 +1165,22 @@ def make_host(a: argparse.Namespace) -> Host:
         a.model,
         tuple(a.sets),
         a.repeats,
+        dummy_base_sets(a.model) if a.dummy_weights else BASE_SETS,
     )
-    if not (model_dir / "config.json").exists():
+    if a.dummy_weights and not (model_dir / "config.json").exists():
+        build_config_only(a.python, a.model, model_dir, host.env())
+    elif not (model_dir / "config.json").exists():
         # The generated test models are built here from the preset (no downloads).
         sys.path[:0] = [str(REPO / "src")]
         from vfleet.config.profiles import load_model
 
         arch = load_model(a.model).arch.model_dump()
         gen = load_model(a.model).source.generator
+        if gen is None:
+            raise SystemExit(
+                f"error: {a.model} is a real checkpoint, not a generated model: pass "
+                "--model-dir with its weights, or --dummy-weights (random weights at its size)"
+            )
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
             json.dump(arch, fh)
         t_build = time.monotonic()
@@ -1099,7 +1200,7 @@ def make_host(a: argparse.Namespace) -> Host:
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.engine.compile import resolve
 
-    stack = resolve(a.profile, a.model, sets=list(BASE_SETS)).stack
+    stack = resolve(a.profile, a.model, sets=list(host.base_sets)).stack
     prepare_host(host, f"{stack.vllm_package}-{stack.vllm}")
     return host
 
@@ -1416,7 +1517,7 @@ def run_cache_variant(
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.engine.compile import resolve
 
-    stack = resolve(host.profile, host.model, sets=list(BASE_SETS)).stack
+    stack = resolve(host.profile, host.model, sets=list(host.base_sets)).stack
     prepare_host(carried, f"{stack.vllm_package}-{stack.vllm}")
     try:
         rec = start_and_first_request(carried, cfg, v.name, logdir, timeout, v.warmup)
@@ -1568,7 +1669,75 @@ def planner_rows(
             gpu.reserve_bytes / GIB if gpu else None,
             logged_reserve,
         ),
+        *term_rows(rec, gpu.terms if gpu else [], total_bytes),
     ]
+
+
+# vfleet plan's terms beside the figure vLLM logs for each (GiB, 2 decimals; the activation
+# peak, non-torch memory and the requested memory only at DEBUG).
+TERM_LOGS = (
+    ("weight", "weights_gib", "weights MiB"),
+    ("peak activation", "torch_peak_gib", "peak activation MiB"),
+    ("non-torch memory", "non_torch_gib", "non-torch memory MiB"),
+    ("CUDAGraph memory", "cudagraph_estimate_gib", "CUDA graph estimate MiB"),
+    ("CUDAGraph memory", "graph_pool_gib", "CUDA graph pool (captured) MiB"),
+)
+
+
+def term_rows(rec: dict[str, Any], terms: Sequence[Any], total_bytes: int | None) -> list[TermRow]:
+    """Each planner term in MiB against vLLM's logged figure (MiB); the CUDA context against
+    the card's total less vLLM's 'Initial free memory' (what was in use before its snapshot)."""
+    t = rec.get("log_terms", {})
+    mib = float(1 << 20)
+
+    def planned(name: str) -> float | None:
+        hit = [x.bytes for x in terms if x.name == name]
+        return sum(hit) / mib if hit else None
+
+    def logged(key: str) -> float | None:
+        v = t.get(key)
+        return None if v is None else float(v) * 1024
+
+    rows = [TermRow(rec["name"], label, planned(n), logged(k)) for n, k, label in TERM_LOGS]
+    free = t.get("initial_free_gib")
+    context = None
+    if free is not None and total_bytes:
+        context = total_bytes / mib - float(free) * 1024
+    rows.append(TermRow(rec["name"], "CUDA context MiB", planned("CUDA context"), context))
+    return rows
+
+
+def roofline(rec: dict[str, Any], profile: str, model: str, copy_gbps: float) -> dict[str, Any]:
+    """Single-stream decode without speculation against the HBM roofline: the bytes one decode
+    step must read (every weight but the embedding, which is gathered, and the unloaded MTP
+    module; the GDN layers' recurrent state read and written; the KV of the context is left
+    out: a few MB at these lengths) over the measured copy bandwidth."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.engine.compile import resolve
+    from vfleet.engine.gpu_memory import weight_bytes
+    from vfleet.engine.planner import plan_launch
+
+    launch = resolve(profile, model, sets=list(rec["sets"]), strict_memory=False)
+    plan = plan_launch(launch)
+    prof = launch.profile
+    parts = weight_bytes(launch.model.arch, launch.model.quantization, prof.accelerator.sm)
+    weights = sum(v for k, v in parts.items() if k not in ("embedding", "mtp"))
+    state = 2 * plan.kv.gdn_layers * plan.kv.mamba_state_bytes
+    step = weights + state
+    floor_ms = step / (copy_gbps * 1e9) * 1e3
+    tps = rec.get("decode", {}).get("median_tokens_per_s")
+    return {
+        "config": rec["name"],
+        "weights_read_bytes": weights,
+        "gdn_state_bytes": state,
+        "step_bytes": step,
+        "copy_gbps": copy_gbps,
+        "floor_ms": round(floor_ms, 3),
+        "roofline_tokens_per_s": round(1e3 / floor_ms, 1),
+        "measured_tokens_per_s": tps,
+        "measured_ms": round(1e3 / tps, 3) if tps else None,
+        "of_roofline": round(tps * floor_ms / 1e3, 3) if tps else None,
+    }
 
 
 def report_md(result: dict[str, Any]) -> str:
@@ -1585,6 +1754,27 @@ def report_md(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {row.config} | {row.term} | {_fmt(row.planner)} | {_fmt(row.vllm)} | "
                 f"{'-' if err is None else f'{err:+.2f}%'} |"
+            )
+    bw = result.get("machine", {}).get("copy_gbps")
+    roof = [
+        roofline(rec, result["profile"], result["model"], float(bw))
+        for rec in result["configs"]
+        if bw and rec.get("decode") and "speculative.method=none" in rec.get("sets", [])
+    ]
+    if roof:
+        lines += [
+            "",
+            "| config | bytes a step reads (weights + GDN state) | copy GB/s | floor ms | "
+            "roofline tok/s | measured tok/s | of the roofline |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in roof:
+            gb = {k: r[k] / 1e9 for k in ("step_bytes", "weights_read_bytes", "gdn_state_bytes")}
+            lines.append(
+                f"| {r['config']} | {gb['step_bytes']:.2f} GB ({gb['weights_read_bytes']:.2f} + "
+                f"{gb['gdn_state_bytes']:.3f}) | {r['copy_gbps']} | {r['floor_ms']} | "
+                f"{r['roofline_tokens_per_s']} | {r['measured_tokens_per_s']} | "
+                f"{r['of_roofline']} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -1728,6 +1918,14 @@ def _host_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--python", default=sys.executable, help="the python that imports vLLM")
     r.add_argument("--pythonpath", help="prepended to PYTHONPATH for vLLM (a --target install)")
     r.add_argument("--model-dir", help="a built model (default: build it into the base folder)")
+    r.add_argument(
+        "--dummy-weights",
+        action="store_true",
+        help="serve a preset of a real checkpoint (the 27B ones) at its own size from a "
+        "config-only folder (config.json + tokenizer, written if --model-dir has none) with "
+        "random weights: adds extra_args.load-format=dummy (and language_model_only=true for a "
+        "multimodal preset) and drops the tiny models' max_model_len=4096",
+    )
     r.add_argument("--cuda-home", help="CUDA toolkit for JIT (default: from nvcc on PATH)")
     r.add_argument(
         "--set",

@@ -8,8 +8,10 @@ in the H200 run's logs (bench/results/h200/) are parsed by the same functions.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -221,7 +223,9 @@ def test_report_puts_the_planner_beside_the_logged_terms() -> None:
     reserve = {r.term: r for r in rows}["non-KV in budget (reserve) GiB"].vllm
     assert reserve == pytest.approx(0.92 * 150_109_880_320 / 2**30 - 127.52 - 0.02)
     md = lane.report_md({"profile": "h200-141g", "model": "tiny-hybrid-mtp", "configs": [rec]})
-    assert md.count("| main |") == 6 and "%" in md
+    # 6 GiB rows, then each planner term in MiB against its logged figure (and the context)
+    assert md.count("| main |") == 12 and "%" in md
+    assert terms["peak activation MiB"].vllm is None  # logged at DEBUG only
 
 
 def test_run_needs_no_gpu_to_explain_itself(capsys: pytest.CaptureFixture[str]) -> None:
@@ -556,3 +560,82 @@ def test_seeded_unpacks_the_caches_as_a_deploys_seed_with_exact_mtimes(
     assert rec["tar"]["from"] == rec["tar"]["to"] == str(base)
     for rel in rels:
         assert (base / rel / "entry.bin").read_text(encoding="utf-8") == rel
+
+
+def test_dummy_weights_serve_a_real_preset_at_its_own_size(tmp_path: Path) -> None:
+    # issue 31: a 27B preset from a config-only folder with --load-format dummy; the render is
+    # the preset's own but for that flag and (the multimodal class) language-model-only
+    sets = lane.dummy_base_sets("qwen3.6-27b-fp8")
+    assert sets == ("extra_args.load-format=dummy", "language_model_only=true")
+    host = lane.Host(
+        tmp_path / "base",
+        sys.executable,
+        "",
+        "/usr/local/cuda",
+        tmp_path,
+        "h200-141g",
+        "qwen3.6-27b-fp8",
+        base_sets=sets,
+    )
+    # the preset's own render on the same host (base folder: the model's path)
+    plain = lane.resolve_values(replace(host, base_sets=()), lane.select("real")[0])
+    for cfg in lane.select("real,real-restart,real-no-mtp"):
+        assert cfg.debug_log  # every memory term is logged at DEBUG only
+        values = lane.resolve_values(host, cfg)
+        assert values["load-format"] == "dummy" and values["language-model-only"] is True
+        assert values["max-model-len"] == plain["max-model-len"] == 262144
+        changed = {k for k in {*values, *plain} if values.get(k) != plain.get(k)}
+        expect = {"load-format", "language-model-only"}
+        if cfg.name == "real-no-mtp":
+            expect |= {"speculative-config", "compilation-config"}
+        assert changed == expect, (cfg.name, changed)
+    # a real preset without --dummy-weights is refused before anything is built
+    ns = argparse.Namespace(
+        base_dir=str(tmp_path / "b2"),
+        cuda_home="/usr/local/cuda",
+        model_dir=str(tmp_path / "none"),
+        python=sys.executable,
+        pythonpath="",
+        profile="h200-141g",
+        model="qwen3.6-27b-fp8",
+        sets=[],
+        repeats=1,
+        dummy_weights=False,
+    )
+    with pytest.raises(SystemExit, match="--dummy-weights"):
+        lane.make_host(ns)
+
+
+def test_report_compares_every_planner_term_and_the_decode_roofline() -> None:
+    t = lane.parse_log(LOG)
+    rec = {
+        "name": "real-no-mtp",
+        "sets": [*lane.dummy_base_sets("qwen3.6-27b-fp8"), "speculative.method=none"],
+        "log_terms": vars(t),
+        "decode": {"median_tokens_per_s": 120.0},
+    }
+    rows = {r.term: r for r in lane.planner_rows(rec, "h200-141g", "qwen3.6-27b-fp8", 150 << 30)}
+    assert rows["peak activation MiB"].vllm == pytest.approx(0.95 * 1024)
+    assert rows["non-torch memory MiB"].vllm == pytest.approx(0.24 * 1024)
+    assert rows["CUDA graph estimate MiB"].vllm == pytest.approx(0.07 * 1024)
+    assert rows["CUDA graph pool (captured) MiB"].vllm == pytest.approx(0.04 * 1024)
+    # the context: the card's total less vLLM's initial free memory
+    assert rows["CUDA context MiB"].vllm == pytest.approx(150 * 1024 - 138.90 * 1024)
+    assert rows["CUDA context MiB"].planner == 527
+    # MTP off: the planner's weights leave the MTP module out
+    assert rows["weights MiB"].planner == pytest.approx(28_104.4, abs=0.1)
+    roof = lane.roofline(rec, "h200-141g", "qwen3.6-27b-fp8", 4_232.0)
+    # every weight but the gathered embedding (and no MTP), plus the GDN state read + written
+    assert roof["gdn_state_bytes"] == 2 * 48 * 3_207_168
+    assert roof["step_bytes"] == roof["weights_read_bytes"] + roof["gdn_state_bytes"]
+    assert roof["floor_ms"] == pytest.approx(roof["step_bytes"] / 4_232e9 * 1e3, abs=1e-3)
+    assert roof["of_roofline"] == pytest.approx(120.0 * roof["floor_ms"] / 1e3, abs=1e-3)
+    md = lane.report_md(
+        {
+            "profile": "h200-141g",
+            "model": "qwen3.6-27b-fp8",
+            "machine": {"copy_gbps": 4_232.0, "total_memory": 150 << 30},
+            "configs": [rec],
+        }
+    )
+    assert "roofline tok/s" in md and "| real-no-mtp | 27." in md

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +40,42 @@ def test_model_make_help_lists_every_generated_preset(
     assert done.value.code == 0
     for name in ("tiny-dense", "tiny-hybrid-mtp", "mid-hybrid-mtp"):
         assert name in out
-    assert "qwen3.6-27b-fp8" not in out
+    # the real checkpoints only as config-only folders (--config-only, for --load-format dummy)
+    assert "--config-only, any preset (qwen3.6-27b-awq-int4, qwen3.6-27b-fp8" in out
     r = cli("model", "make", "qwen3.6-27b-fp8", str(tmp_path / "m"))
-    assert r.rc == 2 and "mid-hybrid-mtp" in r.err
+    assert r.rc == 2 and "mid-hybrid-mtp" in r.err and "--config-only" in r.err
+
+
+def test_model_make_config_only_writes_the_presets_config(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    # the config-only folder is written by tinymodels.py (tokenizers + transformers); a python
+    # that fails stands in for it here: the config it was handed is what matters
+    seen = tmp_path / "seen.json"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --config-json ] && cp "$2" '
+        + str(seen)
+        + "; shift; done\n"
+        "exit 0\n"
+    )
+    fake.chmod(0o755)
+    r = cli(
+        "model",
+        "make",
+        "qwen3.6-27b-awq-int4",
+        str(tmp_path / "m"),
+        "--config-only",
+        "--python",
+        str(fake),
+    )
+    assert r.rc == 0, r.err
+    cfg = json.loads(seen.read_text())
+    assert cfg["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert cfg["text_config"]["vocab_size"] == 248_320
+    q = cfg["quantization_config"]
+    assert q["quant_method"] == "awq" and q["group_size"] == 128 and q["bits"] == 4
+    assert q["modules_to_not_convert"]  # an empty list makes vLLM read the (absent) weights
+    r = cli("model", "make", "qwen3.6-27b-fp8", str(tmp_path / "n"), "--config-only", "--unwired")
+    assert r.rc == 2 and "no weights" in r.err

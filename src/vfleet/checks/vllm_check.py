@@ -322,6 +322,7 @@ def model_config_json(preset: ModelPreset) -> dict[str, Any]:
             "activation_scheme": "dynamic",
             "fmt": "e4m3",
             "weight_block_size": [128, 128],
+            "modules_to_not_convert": sixteen_bit_modules(preset),
         }
     elif q.method == "awq":
         cfg["quantization_config"] = {
@@ -330,8 +331,46 @@ def model_config_json(preset: ModelPreset) -> dict[str, Any]:
             "group_size": q.group_size or 128,
             "zero_point": True,
             "version": "gemm",
+            # vLLM's AWQ loader matches these as substrings of each layer's name
+            # (auto_awq.py get_quant_method: is_layer_skipped(..., skip_with_substr=True)).
+            # An empty list would make it read the dtypes of the folder's safetensors instead
+            # (maybe_update_config), which a config-only folder has none of.
+            "modules_to_not_convert": (
+                ["linear_attn.in_proj_a", "linear_attn.in_proj_b"] if preset.arch.hybrid else []
+            )
+            + (["mtp."] if preset.arch.mtp_layers else [])
+            + (["visual."] if preset.arch.multimodal else []),
         }
     return cfg
+
+
+def sixteen_bit_modules(preset: ModelPreset) -> list[str]:
+    """The linear layers a quantised checkpoint keeps in 16 bits, as the planner counts them
+    (gpu_memory.weight_bytes: the GDN layers' small in_proj_a / in_proj_b and the MTP module;
+    the embedding and LM head are no quantised layers in vLLM), by their checkpoint names.
+
+    vLLM 0.24.0's fp8 loader takes ``ignored_layers``, else ``modules_to_not_convert``
+    (quantization/fp8.py Fp8Config.from_config), maps the names as the model maps its weights
+    (apply_vllm_mapper: ``model.language_model.`` -> ``language_model.model.`` for the
+    multimodal class) and skips a layer whose whole name is listed (is_layer_skipped without
+    substrings; a fused layer such as ``in_proj_ba`` or ``qkv_proj`` by its shards' names).
+    The GDN ``in_proj_ba`` cannot be block-quantised (qwen_gdn_linear_attn.py: "ba_proj
+    doesn't support blockwise fp8 quantization"); conv1d is never quantised there."""
+    a = preset.arch
+    root = "model.language_model.layers" if a.multimodal else "model.layers"
+    names: list[str] = []
+    if a.hybrid:
+        interval = a.full_attention_interval or 1
+        for i in range(a.num_hidden_layers):
+            if (i + 1) % interval:
+                names += [f"{root}.{i}.linear_attn.in_proj_a", f"{root}.{i}.linear_attn.in_proj_b"]
+    for i in range(a.mtp_layers or 0):
+        mtp = f"mtp.layers.{i}"
+        names += [f"{mtp}.self_attn.{p}_proj" for p in ("q", "k", "v", "o")]
+        names += [f"{mtp}.mlp.{p}_proj" for p in ("gate", "up", "down")]
+    if a.mtp_layers:
+        names.append("mtp.fc")
+    return [*names, "lm_head"]
 
 
 def _env(launch: Launch, tmp: Path) -> dict[str, str]:

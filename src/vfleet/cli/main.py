@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from vfleet import __version__
 from vfleet.checks.stacks import add_parser as add_stacks_parser
-from vfleet.checks.vllm_check import check_launch, check_launch_engine
+from vfleet.checks.vllm_check import check_launch, check_launch_engine, model_config_json
 from vfleet.cli.bench import add_parser as add_bench_parser
 from vfleet.cli.containers import add_parsers as add_container_parsers
 from vfleet.config.apikey import refuse_key_in_sets
@@ -475,16 +475,63 @@ def _generated_models(root: Path) -> list[str]:
     return names
 
 
+def _config_only_models(root: Path) -> list[str]:
+    """The presets `model make --config-only` writes: those not generated (real checkpoints)."""
+    names = []
+    for name in list_models(root):
+        try:
+            if load_model(name, root).source.generator is None:
+                names.append(name)
+        except VfleetError:
+            continue
+    return names
+
+
+def _model_make_config_only(a: argparse.Namespace, preset: ModelPreset) -> int:
+    """config.json of the preset's architecture and quantisation, a tokenizer of its vocabulary
+    size, no weights: for vLLM's --load-format dummy (bench/gpu_lane.py --dummy-weights)."""
+    if a.unwired or a.draft_acceptance is not None or a.seed:
+        raise VfleetError(
+            "--config-only writes no weights",
+            key="--config-only",
+            fix="leave out --unwired, --draft-acceptance and --seed",
+        )
+    dest = Path(a.dir)
+    if dest.exists() and any(dest.iterdir()) and not a.force:
+        raise VfleetError(
+            "folder exists and is not empty",
+            where=str(dest),
+            fix="choose a new folder, or pass --force to rebuild it",
+        )
+    python = a.python or sys.executable
+    script = hostside_script("tinymodels")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(model_config_json(preset), fh)
+        config_json = fh.name
+    try:
+        cmd = [python, str(script), "config-only", str(dest), "--config-json", config_json]
+        if a.force:
+            cmd.append("--force")
+        rc = subprocess.run(cmd, check=False).returncode
+    finally:
+        os.unlink(config_json)
+    return 0 if rc == 0 else 2
+
+
 def cmd_model_make(a: argparse.Namespace) -> int:
     preset = load_model(a.name, profiles_dir(a.profiles_dir))
+    if a.config_only:
+        return _model_make_config_only(a, preset)
     gen = preset.source.generator
     if gen is None:
         raise VfleetError(
             f"{a.name} is not a generated model (it comes from "
             f"{preset.source.hf_repo or 'elsewhere'})",
             key="name",
-            fix="vfleet model make builds only generated presets: "
-            + ", ".join(_generated_models(profiles_dir(a.profiles_dir))),
+            fix="vfleet model make builds weights only for generated presets ("
+            + ", ".join(_generated_models(profiles_dir(a.profiles_dir)))
+            + "); --config-only writes this one's config.json and a tokenizer without weights, "
+            "for vLLM's --load-format dummy",
         )
     if a.draft_acceptance is not None:
         _check_draft_acceptance(a, gen)
@@ -717,15 +764,29 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model", help="tiny test models")
     msub = m.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
     generated = ", ".join(_generated_models(profiles_dir(None))) or "none found"
+    real = ", ".join(_config_only_models(profiles_dir(None))) or "none found"
     mm = msub.add_parser(
         "make",
         help="build a random-weight test model locally (no downloads)",
         description=f"Build a generated model preset ({generated}) into DIR. Needs a "
-        "python with torch, transformers and tokenizers (a vLLM venv has them).",
+        "python with torch, transformers and tokenizers (a vLLM venv has them). With "
+        f"--config-only, any preset ({real} too): its config.json (architecture and "
+        "quantisation config) and a tokenizer of its vocabulary size, no weights, which vLLM "
+        "serves at the real size with --load-format dummy (random weights; docs/GPU.md). That "
+        "needs only tokenizers and transformers.",
     )
     _common(mm)
-    mm.add_argument("name", help=f"a preset whose source names a generator: {generated}")
+    mm.add_argument(
+        "name",
+        help=f"a preset whose source names a generator: {generated}; with --config-only also: "
+        f"{real}",
+    )
     mm.add_argument("dir", help="destination folder")
+    mm.add_argument(
+        "--config-only",
+        action="store_true",
+        help="write config.json and a tokenizer only (no weights), for --load-format dummy",
+    )
     mm.add_argument("--python", help="python with torch + transformers (default: this one)")
     mm.add_argument("--seed", type=int, default=0, help="weights seed (default: 0)")
     mm.add_argument("--force", action="store_true", help="rebuild a non-empty DIR")

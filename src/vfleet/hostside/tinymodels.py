@@ -49,11 +49,13 @@ from typing import Any
 
 __all__ = [
     "BUILDER_VERSION",
+    "CONFIG_ONLY",
     "GENERATORS",
     "MANIFEST_NAME",
     "DraftDesign",
     "TinyModelError",
     "build",
+    "build_config_only",
     "design_draft_acceptance",
     "main",
     "manifest_matches",
@@ -339,8 +341,13 @@ def _corpus() -> list[str]:
     return [*lines, *turns, _CORPUS_EN, _CORPUS_ZH, *script]
 
 
-def _train_tokenizer(vocab_size: int) -> Any:
-    """Train a byte-level BPE with exactly ``vocab_size`` tokens (trained + added)."""
+def _train_tokenizer(vocab_size: int, trained_cap: int | None = None) -> Any:
+    """Train a byte-level BPE with exactly ``vocab_size`` tokens (trained + added).
+
+    ``trained_cap`` (the config-only folders of real-size presets): train at most that many
+    tokens and fill the model vocabulary up to ``vocab_size`` with plain filler tokens, so that
+    every id a 248,320-token model can emit decodes without 248,000 added tokens (which
+    tokenizers matches one by one at every encode)."""
     from tokenizers import (
         AddedToken,
         Regex,
@@ -362,7 +369,7 @@ def _train_tokenizer(vocab_size: int) -> Any:
     tokenizer.decoder = decoders.ByteLevel()
     target = vocab_size - len(_ADDED_TOKENS)
     trainer = trainers.BpeTrainer(
-        vocab_size=target,
+        vocab_size=target if trained_cap is None else min(target, trained_cap),
         min_frequency=0,
         show_progress=False,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS],
@@ -370,6 +377,13 @@ def _train_tokenizer(vocab_size: int) -> Any:
     )
     tokenizer.train_from_iterator(_corpus(), trainer=trainer)
     trained = tokenizer.get_vocab_size(with_added_tokens=True)
+    if trained_cap is not None and trained < target:
+        data = json.loads(tokenizer.to_str())
+        vocab = data["model"]["vocab"]
+        for i in range(trained, target):
+            vocab[f"<|vfleet_fill_{i}|>"] = i
+        tokenizer = Tokenizer.from_str(json.dumps(data))
+        trained = target
     # A corpus too small for the requested size: fill with reserved special tokens, so that
     # every id the model could emit decodes.
     tokenizer.add_special_tokens(
@@ -1136,6 +1150,67 @@ def _replace(work: Path, target: Path, force: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# config-only folders (a real-size preset served with vLLM's --load-format dummy)
+
+#: The generator name of a folder with config.json and a tokenizer but no weights.
+CONFIG_ONLY = "config-only"
+#: Tokens trained on the built-in corpus in a config-only folder; the rest are fillers.
+CONFIG_ONLY_TRAINED = 4096
+
+
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = config.get("text_config")
+    return text if isinstance(text, Mapping) else config
+
+
+def build_config_only(
+    config: Mapping[str, Any], dest: str | os.PathLike[str], *, force: bool = False
+) -> dict[str, int]:
+    """Write ``config`` (a checkpoint's config.json, e.g. vfleet's ``model_config_json`` of a
+    preset) with a tokenizer and chat template of the model's vocabulary size into ``dest``,
+    and no weights: what vLLM's ``--load-format dummy`` needs to build the real architecture
+    with random weights. The special tokens' ids replace the config's bos/eos ids. Returns
+    those ids. Only ``tokenizers`` and ``transformers`` are needed (no torch)."""
+    if not isinstance(config, Mapping) or not config.get("architectures"):
+        raise TinyModelError("config must be a config.json mapping with 'architectures'")
+    text = _text_config(config)
+    vocab = text.get("vocab_size")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < _MIN_VOCAB:
+        raise TinyModelError(f"config vocab_size must be an integer >= {_MIN_VOCAB}, got {vocab!r}")
+    max_len = int(text.get("max_position_embeddings") or 4096)
+    target = Path(dest).expanduser().absolute()
+    _check_dest(target, force)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _log(f"tokenizer of {vocab} tokens ({CONFIG_ONLY_TRAINED} trained, the rest fillers)...")
+        tokenizer = _train_tokenizer(vocab, trained_cap=CONFIG_ONLY_TRAINED)
+        ids = _save_tokenizer(tokenizer, work, max_len)
+        cfg: dict[str, Any] = json.loads(json.dumps(dict(config)))
+        special = {"bos_token_id": ids[ENDOFTEXT], "eos_token_id": ids[IM_END]}
+        cfg.update(special)
+        if isinstance(cfg.get("text_config"), dict):
+            cfg["text_config"].update(special)
+        _write_json(work / "config.json", cfg)
+        _write_generation_config(work, ids)
+        files = sorted(p.name for p in work.iterdir() if p.is_file())
+        manifest = {
+            "generator": CONFIG_ONLY,
+            "builder_version": BUILDER_VERSION,
+            "weights": "none: serve with --load-format dummy",
+            "files": {name: _sha256(work / name) for name in files},
+        }
+        _write_json(work / MANIFEST_NAME, manifest)
+        _fix_modes(work)
+        _replace(work, target, force)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    _log(f"done: {target} ({_dir_size(target) / 1e6:.1f} MB, no weights)")
+    return ids
+
+
+# --------------------------------------------------------------------------------------------
 # CLI
 
 
@@ -1144,13 +1219,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="tinymodels.py",
         description="Build a tiny random-weight test model (deterministic) for vLLM.",
     )
-    parser.add_argument("generator", choices=GENERATORS, help="which model to build")
+    parser.add_argument(
+        "generator",
+        choices=(*GENERATORS, CONFIG_ONLY),
+        help=f"which model to build ({CONFIG_ONLY}: config.json and a tokenizer, no weights)",
+    )
     parser.add_argument("dest", help="model directory to create")
     parser.add_argument(
         "--arch-json",
-        required=True,
         metavar="FILE",
-        help='JSON file with the arch mapping (or an object with an "arch" key)',
+        help='JSON file with the arch mapping (or an object with an "arch" key); the '
+        "generators need it",
+    )
+    parser.add_argument(
+        "--config-json",
+        metavar="FILE",
+        help=f"{CONFIG_ONLY}: the config.json to write (its vocab_size sizes the tokenizer)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty DEST")
@@ -1166,6 +1250,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(accepted at position i / drafts, as vLLM counts; non-increasing), e.g. 0.8,0.55,0.3,0.15",
     )
     return parser.parse_args(argv)
+
+
+def _load_config(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TinyModelError(f"cannot read --config-json {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise TinyModelError(f"--config-json {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise TinyModelError(f"--config-json {path} must hold a JSON object")
+    return data
 
 
 def _load_arch(path: str) -> dict[str, Any]:
@@ -1185,6 +1281,13 @@ def _load_arch(path: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
+        if args.generator == CONFIG_ONLY:
+            if not args.config_json:
+                raise TinyModelError(f"{CONFIG_ONLY} needs --config-json FILE")
+            build_config_only(_load_config(args.config_json), args.dest, force=args.force)
+            return 0
+        if not args.arch_json:
+            raise TinyModelError(f"{args.generator} needs --arch-json FILE")
         arch = _load_arch(args.arch_json)
         rates = None
         if args.draft_acceptance is not None:

@@ -21,12 +21,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from vfleet_healthcheck import switch_record as sr
 from vfleet_healthcheck.exporter import Identity, VllmCollector
 
-from tests.support.fake_upstream import FakeUpstream
-from tests.unit.test_exporter import metrics, only_value, scrape
+from tests.conftest import REPO
+from tests.support.fake_upstream import FakeUpstream, Reply
 from vfleet.fleet import switch
+
+REAL = (REPO / "tests" / "data" / "vllm-0.32.0-metrics.txt").read_bytes()
+Series = dict[tuple[tuple[str, str], ...], float]
 
 T = 1_780_000_000.0  # a Unix time in range
 GOOD = sr.SwitchRecord(
@@ -50,8 +55,25 @@ SWITCH_FAMILIES = {
 
 @pytest.fixture
 def upstream() -> Iterator[FakeUpstream]:
-    with FakeUpstream({"/metrics": metrics()}) as u:
+    """A vLLM /metrics body captured from a real server (as tests/unit/test_exporter.py)."""
+    with FakeUpstream({"/metrics": Reply(body=REAL)}) as u:
         yield u
+
+
+def scrape(collector: VllmCollector) -> dict[str, Series]:
+    """One Prometheus-style scrape, parsed back with prometheus_client's own parser."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    out: dict[str, Series] = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def only_value(series: Series) -> float:
+    assert len(series) == 1, series
+    return next(iter(series.values()))
 
 
 def _data(record: sr.SwitchRecord = GOOD) -> dict[str, object]:
@@ -245,7 +267,7 @@ def test_no_file_is_no_switch_yet(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the sidecar
 
 
-def _switch_series(out: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> set[str]:
+def _switch_series(out: dict[str, Series]) -> set[str]:
     return {name for name in out if name.startswith("vfleet_switch")}
 
 

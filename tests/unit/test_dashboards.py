@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import yaml
+from vfleet_healthcheck import switch_record
 
 from vfleet.render import dashboards
 from vfleet.render.dashboards import (
@@ -67,6 +68,7 @@ SIDECAR_SERIES = {
     "vfleet_spec_decode_recommended_gain_ratio", "vfleet_spec_decode_expected_tokens_per_second",
     "vfleet_release_output_tokens_per_second", "vfleet_release_ttft_p95_seconds",
     "vfleet_release_spec_decode_acceptance_rate", "vfleet_release_tokens_per_step",
+    *switch_record.METRICS,
 }  # fmt: skip
 STANDARD_UNITS = {"s", "percentunit", "reqps", "short", "none"}
 

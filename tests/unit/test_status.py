@@ -14,11 +14,13 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from vfleet_healthcheck import switch_record
 
 from tests.conftest import REPO, Result
 from tests.support.fake_upstream import FakeUpstream, Reply, Request
@@ -210,6 +212,7 @@ def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> 
         "spec_decode_recommended_depth",
         "spec_decode_recommended_gain_ratio",
         "spec_decode_expected_tokens_per_second",
+        "last_switch",
         "warnings",
     ]
 
@@ -444,9 +447,80 @@ def test_hosts_of_an_inventory_are_read_per_host(
     assert (here["target"], here["up"], here["release"]) == ("here", True, "abc123"), here
     assert here["model_name"] == "tiny-hybrid-mtp" and here["release_since"] is not None
     assert (gone["target"], gone["up"], gone["reason"]) == ("gone", False, "ssh"), gone
+    assert here["last_switch"] is None  # no switch yet
+    # The instance's last switch, read on the host the same way (bounded, not through a link).
+    switch_record.write(str(tmp_path / "instances" / "main"), SWITCHED.to_json())
+    here, _ = as_json(status("--hosts", "boxes", "-i", str(inventory), "--json", "--interval", "1"))
+    assert here["last_switch"]["outcome"] == "switched" and here["last_switch"]["seconds"] == 5.3
+    assert here["warnings"] == []
+    record = tmp_path / "instances" / "main" / switch_record.FILENAME
+    record.write_text(SWITCHED.to_json().replace('"switched"', '"exploded"'))
+    here, _ = as_json(status("--hosts", "boxes", "-i", str(inventory), "--json", "--interval", "1"))
+    assert here["last_switch"] is None and here["up"], here
+    assert any("last switch unknown" in w and "exploded" in w for w in here["warnings"])
+    record.unlink()
+    record.write_text(" " * (switch_record.MAX_BYTES + 10))
+    here, _ = as_json(status("--hosts", "boxes", "-i", str(inventory), "--json", "--interval", "1"))
+    assert here["last_switch"] is None
+    assert any("larger than" in w for w in here["warnings"]), here["warnings"]
+    record.unlink()
+    (tmp_path / "elsewhere.json").write_text(SWITCHED.to_json())
+    record.symlink_to(tmp_path / "elsewhere.json")  # not followed: no record, no warning
+    here, _ = as_json(status("--hosts", "boxes", "-i", str(inventory), "--json", "--interval", "1"))
+    assert here["last_switch"] is None and here["up"], here
     assert "cannot read" in gone["error"] and "gone" in gone["error"]
     both = status("--hosts", "boxes", "-i", str(inventory), "http://127.0.0.1:1")
     assert both.rc == 2 and "TARGET and --hosts together" in both.err
+
+
+SWITCHED = switch_record.SwitchRecord(
+    role="to", to="main-b", frm="main-a", outcome="switched", failed_at="none", seconds=5.3,
+    ended_at=datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC).timestamp(), first_token_s=1.64,
+    counts={"to": {"switched": 3, "rolled_back": 1}},
+)  # fmt: skip
+
+
+def test_the_last_switch_of_a_local_instance_is_shown_as_the_sidecar_exports_it(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    _deploy(tmp_path, vllm.url)
+    folder = tmp_path / "instances" / "main"
+    rolled = replace(SWITCHED, outcome="rolled_back", failed_at="greedy", first_token_s=None)
+    switch_record.write(str(folder), rolled.to_json())
+    r = status("--base-dir", str(tmp_path), "--json")
+    [o] = as_json(r)
+    assert o["last_switch"] == {
+        "role": "to", "from": "main-a", "to": "main-b", "outcome": "rolled_back",
+        "failed_at": "greedy", "seconds": 5.3, "first_token_seconds": None,
+        "ended_at": "2026-12-02T10:00:00+00:00", "ended_at_unix": rolled.ended_at,
+        "switches": {"to": {"switched": 3, "rolled_back": 1}},
+    }  # fmt: skip
+    assert o["warnings"] == []
+    row = re.search(r"^last switch\s+(.*)$", status("--base-dir", str(tmp_path)).out, re.M)
+    assert row and re.fullmatch(r"rolled back at greedy 5\.30 s, \S+ \S+ ago \(main-a -> main-b\)",
+                                row.group(1)), row  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "bad json", "unknown outcome"])
+def test_a_hostile_switch_record_is_a_warning_not_a_crash(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path, kind: str
+) -> None:
+    _deploy(tmp_path, vllm.url)
+    path = tmp_path / "instances" / "main" / switch_record.FILENAME
+    if kind == "symlink":
+        (tmp_path / "x.json").write_text(SWITCHED.to_json())
+        path.symlink_to(tmp_path / "x.json")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "bad json":
+        path.write_text("{")
+    else:
+        path.write_text(SWITCHED.to_json().replace('"switched"', '"exploded"'))
+    r = status("--base-dir", str(tmp_path), "--json")
+    assert r.rc == 0, r.err
+    [o] = as_json(r)
+    assert o["last_switch"] is None and o["up"]
+    assert [w for w in o["warnings"] if w.startswith("last switch unknown")], o["warnings"]
 
 
 def test_a_url_served_by_a_local_instance_gets_its_identity(

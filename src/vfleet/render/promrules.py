@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import yaml
+from vfleet_healthcheck import switch_record as switches
 
 from vfleet.config.schema import Alerts
 
@@ -114,6 +115,29 @@ DEPTH_GAIN_ALERT = 0.10
 DEPTH_GAIN_FOR = "30m"
 
 
+# A switch that did not pass alerts for this long after it ended, or until the next switch of
+# that instance passes (its record is replaced): the operator's answer is one command.
+SWITCH_ALERT_S = 3600
+SIDECAR = 'job="vfleet-sidecar"'
+
+
+def _switch_ended(outcomes: list[str]) -> str:
+    """The last switch to an instance (role `to`: one alert per switch, on the woken side)
+    ended with one of ``outcomes`` within SWITCH_ALERT_S."""
+    assert set(outcomes) <= set(switches.OUTCOMES), outcomes
+    return (
+        f'{switches.METRIC_OUTCOME}{{{SIDECAR}, role="to", outcome=~"{"|".join(outcomes)}"}}'
+        f" and on (host, vfleet_instance) (time() - "
+        f'{switches.METRIC_TIMESTAMP}{{{SIDECAR}, role="to"}} < {SWITCH_ALERT_S})'
+    )
+
+
+_SWITCH_SHOW = (
+    "`vfleet switch show DIR` (DIR: the pair's `vfleet balancer` folder) gives the reason and "
+    "each gate; `vfleet status` on the box shows the last switch per instance."
+)
+
+
 def _alert(
     name: str, expr: str, for_: str, severity: str, summary: str, description: str
 ) -> dict[str, Any]:
@@ -157,6 +181,38 @@ ALERTS: list[dict[str, Any]] = [
         "Every engine the sidecars read is asleep (vllm:engine_sleep_state): requests wait "
         "unserved. `vfleet switch show` says what the last switch did; wake one with "
         "`vfleet switch to`.",
+    ),
+    _alert(
+        "VfleetSwitchRolledBack",
+        # The sidecar's record of the last `vfleet switch` (vfleet_healthcheck.switch_record):
+        # a gate or step failed and the model that served before serves again, or nginx
+        # refused the flip and nothing changed. Clients are served; the switch did not happen.
+        _switch_ended(["rolled_back", "not_started"]),
+        "0m",
+        "warning",
+        "vfleet switch to {{ $labels.host }} ({{ $labels.vfleet_instance }}) did not happen: "
+        "{{ $labels.outcome }}, failed at {{ $labels.failed_at }}",
+        "The switch was undone (or never started): the other model still serves. "
+        + _SWITCH_SHOW
+        + " Fix what failed (a failed greedy or acceptance gate: the woken engine answers "
+        "otherwise than before it slept; wake, sleep, drain: the engine's or nginx's log), then "
+        "run `vfleet switch to DIR {{ $labels.host }} -i INVENTORY` again.",
+    ),
+    _alert(
+        "VfleetSwitchFailed",
+        # The rollback failed too: neither model may serve (VfleetNoEngineAwake fires when
+        # every engine of the host sleeps).
+        _switch_ended(["failed"]),
+        "0m",
+        "critical",
+        "vfleet switch to {{ $labels.host }} ({{ $labels.vfleet_instance }}) failed at "
+        "{{ $labels.failed_at }} and its rollback failed",
+        "The box may serve neither model. "
+        + _SWITCH_SHOW
+        + " Get one model serving first: `vfleet switch show DIR` says which replica is "
+        "admitted and which sleeps; `vfleet balancer admit DIR HOST` and "
+        "`vfleet switch to DIR HOST -i INVENTORY` for the one that served, or restart it "
+        "(`make deploy HOST=...`).",
     ),
     _alert(
         "VfleetEngineRestarting",

@@ -149,6 +149,14 @@ MATRIX: tuple[LaneConfig, ...] = (
         debug_log=False,
     ),
     LaneConfig(
+        "sleep-drafter",
+        (*SLEEP_SETS, "extra_env.VFLEET_SM75=drafter-reload"),
+        ("greedy", "sleep"),
+        "sleep with the SM75 plugin's drafter-reload: reload_weights reloads the MTP drafter "
+        "too, so a level 2 wake keeps MTP acceptance (against sleep, where it falls to 0)",
+        debug_log=False,
+    ),
+    LaneConfig(
         "real",
         (),
         ("first-request",),
@@ -275,6 +283,8 @@ class LogTerms:
     reload_s: float | None = None
     # the SM75 plugin's one-line decision ("vfleet-sm75 0.1.0 on vLLM ...: draft-prune=...")
     plugin_lines: list[str] = field(default_factory=list)
+    # drafter-reload's line per reload_weights call: what it reloaded and how long it took
+    drafter_lines: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -304,6 +314,11 @@ def parse_log(text: str) -> LogTerms:
             if " on vLLM " in ln and "vfleet-sm75 " in ln
         }
     )
+    out.drafter_lines = [
+        ln[ln.index("drafter-reload") :][:300]
+        for ln in text.splitlines()
+        if "vfleet-sm75: drafter-reload" in ln
+    ]
     out.errors = [ln.strip()[:300] for ln in text.splitlines() if is_error_line(ln)][:20]
     return out
 

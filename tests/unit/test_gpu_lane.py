@@ -256,6 +256,7 @@ SLEEP_LOG = """\
 (EngineCore pid=7) INFO 12-01 17:01:12 [gpu_worker.py:181] Sleep mode freed 128.01 GiB memory, 1.60 GiB memory is still in use.
 (EngineCore pid=7) INFO 12-01 17:00:01 [plugin.py:80] vfleet-sm75 0.1.0 on vLLM 0.24.0: draft-prune=on (drafts from K=16384 of 32768 tokens)
 (APIServer pid=6) INFO 12-01 17:00:01 [plugin.py:80] vfleet-sm75 0.1.0 on vLLM 0.24.0: draft-prune=on (drafts from K=16384 of 32768 tokens)
+(EngineCore pid=7) INFO 12-01 17:01:10 [drafter_reload.py:118] vfleet-sm75: drafter-reload: reloaded 18 of 18 parameters of the drafter Qwen3_5MTP from /m in 0.019 s (after the target's reload)
 """  # noqa: E501
 
 
@@ -267,6 +268,10 @@ def test_parse_log_reads_each_sleep_the_reload_and_the_plugin_line() -> None:
     # one line however many processes logged it
     assert t.plugin_lines == [
         "vfleet-sm75 0.1.0 on vLLM 0.24.0: draft-prune=on (drafts from K=16384 of 32768 tokens)"
+    ]
+    # drafter-reload's line per reload_weights call
+    assert [ln.split(" from ")[0] for ln in t.drafter_lines] == [
+        "drafter-reload: reloaded 18 of 18 parameters of the drafter Qwen3_5MTP"
     ]
 
 

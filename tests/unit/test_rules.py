@@ -534,3 +534,29 @@ def test_sleep_level_on_the_cpu_is_refused_by_the_cli_with_nothing_written(
     assert "Traceback" not in r.err and not out.exists()
     r = cli("render", "-p", "cpu", "-m", "tiny-dense", "--set", "sleep_level=3", "--out", str(out))
     assert r.rc == 2 and "sleep_level" in r.err and not out.exists(), r.err
+
+
+def test_a_level_2_wake_with_mtp_gets_the_drafter_reloaded_or_a_warning() -> None:
+    """vLLM's reload_weights reloads the target only (vllm#52479): the plugin's drafter-reload
+    covers the stacks that carry it; elsewhere the render warns, as the switch would roll back."""
+    sets = ["sleep_level=2", "max_model_len=4096"]
+
+    def notes(profile: str, *more: str) -> list[tuple[str, str]]:
+        launch = resolve(profile, "tiny-hybrid-mtp", sets=[*sets, *more])
+        return [(n.level, n.message) for n in launch.notes if n.rule == "sleep-mode"]
+
+    [(level, message)] = notes("2x2080ti-22g")  # vllm-0.27.1-plugin: VFLEET_SM75=auto
+    assert level == "info" and "drafter-reload (VFLEET_SM75=auto) reloads the MTP" in message
+    [(level, message)] = notes("h200-141g", "kv_cache_dtype=auto")  # 0.24.0, no plugin
+    assert level == "warn" and "MTP acceptance is 0" in message and "sleep_level 1" in message
+    assert notes("2x2080ti-22g", "speculative.method=none") == []  # no drafter
+    assert notes("2x2080ti-22g", "sleep_level=1") == []  # level 1 keeps the weights
+
+
+def test_the_drafter_reload_versions_are_the_plugins() -> None:
+    from vfleet_sm75.verified import VERIFIED
+
+    from vfleet.engine.rules import api_surface
+
+    assert set(VERIFIED["drafter-reload"]) == api_surface.DRAFTER_RELOAD_VLLM
+    assert api_surface.DRAFTER_RELOAD_VLLM <= api_surface.TARGET_ONLY_RELOAD

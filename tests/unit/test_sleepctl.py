@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,7 @@ class Engine(FakeUpstream):
     def __init__(self, lag: int = 0) -> None:
         self.asleep, self.lag = False, lag
         self.calls: list[tuple[str, str, str, bytes]] = []
+        self.on_rpc: list[Callable[[], None]] = []  # what the engine does at reload_weights
 
         def record(req: Request) -> None:
             self.calls.append((req.method, req.path, req.query, req.body))
@@ -52,6 +55,8 @@ class Engine(FakeUpstream):
 
         def rpc(req: Request) -> Reply:
             record(req)
+            for then in self.on_rpc:
+                then()
             return _json({"results": [None]})
 
         super().__init__(
@@ -171,3 +176,32 @@ def test_it_reaches_only_loopback() -> None:
     assert sleepctl.HOST == "127.0.0.1"
     source = hostside_script("sleepctl").read_text()
     assert "import vfleet" not in source and "from vfleet" not in source
+
+
+def test_a_level_2_wake_reports_the_plugins_drafter_reload_of_that_wake(tmp_path: Path) -> None:
+    """The SM75 plugin's drafter-reload records each reload_weights call in its state file
+    (vfleet_sm75/state.py): the wake reports it, and nothing from before the wake."""
+    from vfleet_sm75 import state
+
+    path = tmp_path / "plugin-features.json"
+    on = state.Feature("drafter-reload", True, "on")
+    state.record_load(str(path), [on], "0.1.0", "0.24.0")
+    state.record_model(str(path), state.Feature("drafter-reload", True, "an earlier reload"))
+    old = json.loads(path.read_text())
+    old["written_at"] = 0.0  # before this wake
+    path.write_text(json.dumps(old))
+    with Engine() as e:
+        e.asleep = True
+        r = _script(str(e.port), "wake", "2", "--plugin-state", str(path))
+        assert json.loads(r.stdout)["drafter"] is None  # the old record is not this wake's
+        detail = "reloaded 18 of 18 parameters of the drafter Qwen3_5MTP in 0.019 s"
+        e.on_rpc.append(
+            lambda: state.record_model(str(path), state.Feature("drafter-reload", True, detail))
+        )
+        e.asleep = True
+        r = _script(str(e.port), "wake", "2", "--plugin-state", str(path))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["drafter"] == {"reloaded": True, "detail": detail}
+        r = _script(str(e.port), "wake", "1", "--plugin-state", str(path))
+        assert "drafter" not in json.loads(r.stdout)  # level 1 reloads nothing
+    assert sleepctl.drafter_record(str(tmp_path / "missing.json"), 0.0) is None

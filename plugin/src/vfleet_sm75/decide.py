@@ -17,7 +17,7 @@ from typing import Any
 
 from . import draft_vocab, fingerprints, settings
 from .flashinfer_fix import FlashInferFacts, flashinfer_facts
-from .verified import HOOKS, V2_RUNNER_DEFAULT, VERIFIED
+from .verified import HOOKS, RUNNER, V2_RUNNER_DEFAULT, VERIFIED
 
 
 @dataclass
@@ -35,6 +35,25 @@ class Facts:
     table_error: str | None
     # vLLM settings the features depend on (VLLM_USE_V2_MODEL_RUNNER, VLLM_USE_FLASHINFER_SAMPLER)
     vllm_env: dict[str, str] = field(default_factory=dict)
+    # The vLLM function whose reload_weights already reloads the drafter (upstream #52487 or
+    # the like: it names a draft-something), or None where it reloads the target only.
+    drafter_reloaded_by: str | None = None
+
+
+# Where vLLM's own reload from disk would reload the drafter, if a version does: the runner's
+# method (#52487 puts it there) and the in-place helper 0.32.0's method hands the model to.
+RELOADERS = (
+    f"{RUNNER}.reload_weights",
+    "model_executor/model_loader/reload/inplace.py:reload_weights",
+)
+
+
+def drafter_reloaded_by(root: Path | None = None) -> str | None:
+    """The first of RELOADERS whose code names a drafter (an identifier with "draft")."""
+    for target in RELOADERS:
+        if any("draft" in n.lower() for n in fingerprints.names(target, root)):
+            return target
+    return None
 
 
 @dataclass
@@ -115,6 +134,7 @@ def facts(environ: Mapping[str, str] | None = None, probe_device: bool = True) -
         table,
         table_error,
         {k: env[k] for k in (V2_RUNNER, FI_SAMPLER) if k in env},
+        drafter_reloaded_by() if version else None,
     )
 
 
@@ -210,9 +230,37 @@ def _flashinfer_sm75(f: Facts) -> Decision:
     )
 
 
+def _vllm_does_it(feature: str, f: Facts) -> str | None:
+    """drafter-reload's own reason to stay off before any fingerprint: vLLM reloads it."""
+    if feature != "drafter-reload" or f.drafter_reloaded_by is None:
+        return None
+    where = f.drafter_reloaded_by.split(":")[1]
+    return (
+        f"vLLM {f.vllm_version} reloads the drafter itself ({where} names it; upstream "
+        "vllm-project/vllm#52487): nothing to add"
+    )
+
+
+def _drafter_reload(f: Facts) -> Decision:
+    return Decision(
+        "drafter-reload",
+        True,
+        f"vLLM {f.vllm_version}'s reload_weights reloads the target only (vllm-project/vllm"
+        "#52479): after a reload from disk the drafter is reloaded in place too; each call logs "
+        "what it reloaded (nothing without a drafter model)",
+    )
+
+
+CHECKS = (
+    ("draft-prune", _draft_prune),
+    ("flashinfer-sm75", _flashinfer_sm75),
+    ("drafter-reload", _drafter_reload),
+)
+
+
 def decide(f: Facts) -> list[Decision]:
     out: list[Decision] = []
-    for feature, check in (("draft-prune", _draft_prune), ("flashinfer-sm75", _flashinfer_sm75)):
+    for feature, check in CHECKS:
         if f.setting_error:
             out.append(Decision(feature, False, f.setting_error))
             continue
@@ -220,7 +268,7 @@ def decide(f: Facts) -> list[Decision]:
             shown = f.setting or "unset"
             out.append(Decision(feature, False, f"not asked for ({settings.ENV}={shown})"))
             continue
-        reason = _version_reason(feature, f)
+        reason = _vllm_does_it(feature, f) or _version_reason(feature, f)
         out.append(Decision(feature, False, reason) if reason else check(f))
     return out
 

@@ -39,8 +39,7 @@ def _find(tree: ast.Module, qualname: str) -> ast.AST | None:
     return node
 
 
-def fingerprint(target: str, root: Path | None = None) -> str | None:
-    """``"v1/spec_decode/x.py:Class.method"`` -> 16 hex digits, or None if it is not there."""
+def _node(target: str, root: Path | None) -> ast.AST | None:
     relpath, _, qualname = target.partition(":")
     base = root if root is not None else vllm_root()
     if base is None:
@@ -49,7 +48,28 @@ def fingerprint(target: str, root: Path | None = None) -> str | None:
         tree = ast.parse((base / relpath).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
-    node = _find(tree, qualname)
+    return _find(tree, qualname)
+
+
+def names(target: str, root: Path | None = None) -> frozenset[str]:
+    """Every identifier the function uses (names, attributes, its own defs): what it touches."""
+    node = _node(target, root)
+    if node is None:
+        return frozenset()
+    out: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(n.name)
+    return frozenset(out)
+
+
+def fingerprint(target: str, root: Path | None = None) -> str | None:
+    """``"v1/spec_decode/x.py:Class.method"`` -> 16 hex digits, or None if it is not there."""
+    node = _node(target, root)
     if node is None:
         return None
     return hashlib.sha256(ast.unparse(node).encode()).hexdigest()[:16]

@@ -65,6 +65,10 @@ def _register() -> None:
                 from . import flashinfer_sm75
 
                 flashinfer_sm75.install()
+            elif d.feature == "drafter-reload":
+                from . import drafter_reload
+
+                drafter_reload.install()
         except Exception as exc:  # a hook that cannot be installed leaves vLLM stock
             d.active, d.reason = False, f"hook failed: {exc!r}"
     log(logging.INFO, decide.summary(decisions, facts.vllm_version))

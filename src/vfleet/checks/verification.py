@@ -244,6 +244,23 @@ RECORDS: tuple[StackRecord, ...] = (
                 "bench/results/h200/switch-run*.json)",
             ),
             Claim(
+                "plugin drafter-reload (level 2 wake keeps MTP)",
+                Level.MAKE_TEST,
+                "the SM75 plugin's drafter-reload hooks GPUModelRunner.reload_weights to reload "
+                "the MTP drafter after the target, as bench/switch_ext.py (measured above) does "
+                "from outside: its five hooked functions' fingerprints are checked against the "
+                "pinned 0.24.0 and 0.27.1 sources (none of 0.24.0, 0.27.1, 0.32.0 reloads the "
+                "drafter itself), the decision per version, and the hook on a fake runner (call "
+                "order, skips, never raising). The hook itself has not run on a GPU: lane "
+                "configuration sleep-drafter (docs/GPU.md section 8) is the command that would",
+                (
+                    "tests/unit/test_plugin_drafter_reload.py::"
+                    "test_the_recorded_fingerprints_are_the_pinned_sources",
+                    "tests/unit/test_plugin_drafter_reload.py::"
+                    "test_after_the_target_the_drafter_is_reloaded_in_place",
+                ),
+            ),
+            Claim(
                 "resident pair's planned sleeper",
                 Level.GPU,
                 "`vfleet plan --standby-model` plans a sleeping engine at 2,217 +/- 512 MiB per "

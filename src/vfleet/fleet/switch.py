@@ -134,8 +134,15 @@ class Replica:
     api_key: str | None
     weights: str = ""  # the model folder's name: which model this instance holds
     instance_dir: str = ""  # the instance's folder on the host (its last-switch.json)
+    plugin_state: str = ""  # VFLEET_SM75_STATE on the host, where the stack carries the plugin
     url: str = ""  # where this machine reaches vLLM (an ssh tunnel for a remote host)
     tunnel: subprocess.Popen[bytes] | None = None
+
+    def state_args(self) -> list[str]:
+        """sleepctl's --plugin-state for a level 2 wake: was the drafter reloaded too?"""
+        return (
+            ["--plugin-state", self.plugin_state] if self.plugin_state and self.level == 2 else []
+        )
 
     def ctl(self, *args: str, timeout: float) -> dict[str, Any]:
         """hostside/sleepctl.py on the host (its loopback), one JSON line back."""
@@ -255,6 +262,7 @@ def replica(inventory: str, host: str, api_key_file: str | None) -> Replica:
         key,
         Path(plan.model.dir).name,
         plan.dirs.instance,
+        plan.env().get("VFLEET_SM75_STATE") or "",
     )
 
 
@@ -412,6 +420,8 @@ class Report:
     why: str | None = None
     rollback: str | None = None
     failed_at: str = hostrec.NO_FAILURE  # the step or gate that failed (hostrec.FAILED_AT)
+    # A level 2 wake: the plugin's drafter-reload record of it (sleepctl --plugin-state), or None
+    drafter: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # a sidecar's record not written, and why
 
     def text(self) -> str:
@@ -422,6 +432,9 @@ class Report:
         steps = [("old workers done", self.drain_s), (f"{self.frm} asleep", self.sleep_s),
                  (f"{self.to} awake", self.wake_s)]  # fmt: skip
         lines.append("  " + ", ".join(f"{n} {s:.2f} s" for n, s in steps if s is not None))
+        if self.drafter is not None:
+            done = "reloaded" if self.drafter.get("reloaded") else "NOT reloaded"
+            lines.append(f"  MTP drafter {done} at the wake: {self.drafter.get('detail')}")
         for g in self.gates:
             lines.append(f"  gate {g.name:<11} {'ok  ' if g.ok else 'FAIL'} {g.detail}")
         if self.why:
@@ -526,8 +539,9 @@ def switch(
         state["replicas"][old.host] = old_rec
         write_state(prefix, state)
         step = WAKE
-        rep.wake_s = float(new.ctl("wake", str(new.level), timeout=60)["seconds"])
-        say(f"{new.host} awake")
+        woke = new.ctl("wake", str(new.level), *new.state_args(), timeout=60)
+        rep.wake_s, rep.drafter = float(woke["seconds"]), woke.get("drafter")
+        say(f"{new.host} awake" + (f"; {rep.drafter['detail']}" if rep.drafter else ""))
         rep.gates = run_gates(new, rec, perf_gate, tolerance, perf_tolerances)
         failed = [g for g in rep.gates if not g.ok]
         if failed:

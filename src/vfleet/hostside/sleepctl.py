@@ -9,13 +9,18 @@ called from the host itself: `vfleet switch` runs this file on the serving host 
 
     python3 sleepctl.py PORT state
     python3 sleepctl.py PORT sleep LEVEL [--mode wait|abort|keep] [--timeout S]
-    python3 sleepctl.py PORT wake LEVEL [--timeout S]
+    python3 sleepctl.py PORT wake LEVEL [--timeout S] [--plugin-state FILE]
 
 The address is always 127.0.0.1: there is no option to name another host. Every call is
 bounded (--timeout, default 120 s for a sleep that waits for in-flight requests, 60 s for a
 wake). A wake returns once /is_sleeping says false. Level 2 drops the weights: its wake is
 vLLM's own sequence (wake the weights' memory, `reload_weights` from disk, wake the KV cache),
 as a plain /wake_up would leave garbage weights (docs/GPU.md, section 6).
+
+With --plugin-state (the instance's VFLEET_SM75_STATE), a level 2 wake also reports what the
+SM75 plugin's drafter-reload recorded for this wake's reload_weights ("drafter": whether the MTP
+drafter was reloaded and the plugin's line), or null when it recorded nothing since the wake
+began (the feature off, or no plugin).
 
 Prints one JSON line: {"ok": true, "action": ..., "seconds": ..., "is_sleeping": ...}, exit 0;
 {"ok": false, "error": ...} and exit 1 when vLLM refused or did not answer in time; a usage
@@ -136,6 +141,26 @@ def wake(port: int, level: int, timeout: float = WAKE_TIMEOUT_S) -> float:
     return time.monotonic() - t0
 
 
+DRAFTER_FEATURE = "drafter-reload"
+STATE_LIMIT = 1 << 20  # the plugin's state file is a few hundred bytes
+
+
+def drafter_record(path: str, since: float) -> dict[str, Any] | None:
+    """The plugin's drafter-reload result if its state file was written at or after `since`
+    (epoch seconds): {"reloaded": bool, "detail": str}; None otherwise or if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.loads(fh.read(STATE_LIMIT))
+        if float(doc.get("written_at", 0)) < since:
+            return None
+        for m in doc.get("model") or []:
+            if m.get("feature") == DRAFTER_FEATURE:
+                return {"reloaded": bool(m.get("active")), "detail": str(m.get("reason"))[:300]}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sleepctl.py", description=__doc__.split("\n\n")[0])
     p.add_argument("port", type=int, help="vLLM's port on 127.0.0.1")
@@ -148,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("wake", help="wake it; returns once /is_sleeping is false")
     w.add_argument("level", type=int, choices=LEVELS, help="the level it was put to sleep at")
     w.add_argument("--timeout", type=float, default=WAKE_TIMEOUT_S)
+    w.add_argument("--plugin-state", help="the SM75 plugin's state file: report drafter-reload")
     a = p.parse_args(argv)  # bad arguments: usage and exit 2
     if not 0 < a.port < 65536 or getattr(a, "timeout", 1.0) <= 0:
         p.error("PORT must be 1-65535 and --timeout above 0")
@@ -156,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.action == "sleep":
             out["seconds"] = round(sleep(a.port, a.level, a.mode, a.timeout), 3)
         elif a.action == "wake":
+            began = time.time()
             out["seconds"] = round(wake(a.port, a.level, a.timeout), 3)
+            if a.plugin_state and a.level == 2:
+                out["drafter"] = drafter_record(a.plugin_state, began)
         out["is_sleeping"] = is_sleeping(a.port)
     except SleepCtlError as exc:
         print(json.dumps(out | {"ok": False, "error": str(exc)}))

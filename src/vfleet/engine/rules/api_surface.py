@@ -177,6 +177,39 @@ SLEEP_SOURCE = (
 )
 
 
+# vLLM versions read whose reload_weights reloads the target model only, not the MTP drafter
+# (v1/worker/gpu_model_runner.py; upstream vllm-project/vllm#52479), and those of them where the
+# SM75 plugin's drafter-reload fixes it in place (plugin/src/vfleet_sm75/verified.py; a unit
+# test keeps the two lists equal). A level 2 wake reloads the weights with it (sleepctl.py).
+TARGET_ONLY_RELOAD = frozenset({"0.24.0", "0.27.1", "0.32.0"})
+DRAFTER_RELOAD_VLLM = frozenset({"0.24.0", "0.27.1"})
+DRAFTER_RELOAD = "drafter-reload"
+
+
+def _drafter_after_level_2(c: Ctx) -> None:
+    """A level 2 wake and a drafter model: is the drafter reloaded with the target?"""
+    method = c.d.spec_method
+    if method != "mtp" or c.version not in TARGET_ONLY_RELOAD:
+        return  # ngram has no drafter model; other versions were not read
+    asked = c.env.get("VFLEET_SM75")
+    features = {f.strip() for f in str(asked.value if asked else "").split(",")}
+    if c.stack.plugin and c.version in DRAFTER_RELOAD_VLLM and features & {"auto", DRAFTER_RELOAD}:
+        c.info(
+            f"level 2 wakes reload the weights from disk, and vLLM {c.version}'s reload_weights "
+            "reloads the target only (vllm-project/vllm#52479): the SM75 plugin's "
+            f"{DRAFTER_RELOAD} (VFLEET_SM75={asked.value if asked else ''}) reloads the MTP "
+            "drafter in the same call (plugin/README.md)"
+        )
+        return
+    c.warn(
+        f"sleep_level 2 with MTP: vLLM {c.version}'s reload_weights reloads the target only, so "
+        "after each level 2 wake MTP acceptance is 0 (outputs right, decode at the "
+        "no-speculation rate; vllm-project/vllm#52479) and `vfleet switch`'s acceptance gate "
+        "rolls the switch back: sleep_level 1, or a stack with the SM75 plugin (its "
+        f"{DRAFTER_RELOAD} feature, vLLM {', '.join(sorted(DRAFTER_RELOAD_VLLM))})"
+    )
+
+
 @rule(
     "sleep-mode",
     SLEEP_SOURCE,
@@ -226,3 +259,5 @@ def sleep_mode(c: Ctx) -> None:
     c.setenv(
         SLEEP_LEVEL_ENV, str(level), "the level `vfleet switch` puts this instance to sleep at"
     )
+    if level == 2:
+        _drafter_after_level_2(c)

@@ -251,14 +251,26 @@ RECORDS: tuple[StackRecord, ...] = (
                 "from outside: its five hooked functions' fingerprints are checked against the "
                 "pinned 0.24.0 and 0.27.1 sources (none of 0.24.0, 0.27.1, 0.32.0 reloads the "
                 "drafter itself), the decision per version, and the hook on a fake runner (call "
-                "order, skips, never raising). The hook itself has not run on a GPU: lane "
-                "configuration sleep-drafter (docs/GPU.md section 8) is the command that would",
+                "order, skips, never raising). On the GPU: the next row",
                 (
                     "tests/unit/test_plugin_drafter_reload.py::"
                     "test_the_recorded_fingerprints_are_the_pinned_sources",
                     "tests/unit/test_plugin_drafter_reload.py::"
                     "test_after_the_target_the_drafter_is_reloaded_in_place",
                 ),
+            ),
+            Claim(
+                "plugin drafter-reload on the H200",
+                Level.GPU,
+                "one lane run (2026-12-03, configuration sleep-drafter, tiny model, MTP 3, bf16 "
+                "KV): the plugin decided drafter-reload=on on vLLM 0.24.0; the level 2 wake's "
+                "reload_weights logged the target's reload (0.06 s) and then the plugin's "
+                "'reloaded 18 of 18 parameters of the drafter Qwen3NextMTP ... in 0.027 s'; "
+                "acceptance 1.000 after that wake as before the sleeps (144 of 144), greedy "
+                "identical. The hook-off control (configuration sleep) did not run in that "
+                "session; the earlier sessions read 0.000 after such a wake. vfleet switch with "
+                "the plugin not run (docs/GPU.md section 8; "
+                "bench/results/h200/lane-drafter-reload-2026-12-03.json)",
             ),
             Claim(
                 "resident pair's planned sleeper",

@@ -99,6 +99,19 @@ def require_tools() -> bool:
     return os.environ.get("VFLEET_REQUIRE_TOOLS") == "1"
 
 
+def pinned_vllm_source(version: str) -> Path:
+    """A pinned vLLM's ``vllm`` package folder from `make tools`; missing: fails in `make test`,
+    skips elsewhere."""
+    from tests.support.vllm_server import pinned_source
+
+    root = pinned_source(version)
+    if root is None:
+        if require_tools():
+            pytest.fail(f"vLLM {version} source missing: run `make tools`")
+        pytest.skip(f"vLLM {version} source missing (make tools)")
+    return root
+
+
 # The slowest files first (CI durations, docs/BENCHMARKS.md). `make test` runs two pytest
 # workers that take whole files in collection order: each starts with one, and takes the next
 # whenever it has two or fewer tests of its own left. So the two longest start at once and the

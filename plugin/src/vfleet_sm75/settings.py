@@ -8,12 +8,14 @@ from collections.abc import Mapping
 ENV = "VFLEET_SM75"
 ENV_TABLE = "VFLEET_SM75_DRAFT_VOCAB"
 ENV_TOP_K = "VFLEET_SM75_DRAFT_TOPK"
+ENV_SPIN = "VFLEET_SM75_SPIN_S"
 
-FEATURES: tuple[str, ...] = ("draft-prune", "flashinfer-sm75", "drafter-reload")
+FEATURES: tuple[str, ...] = ("draft-prune", "flashinfer-sm75", "drafter-reload", "reader-spin")
 DESCRIPTIONS = {
     "draft-prune": "MTP drafts from the K most frequent tokens only (outputs unchanged)",
     "flashinfer-sm75": "FLASHINFER attention (fp8 KV) accepted on compute capability 7.5",
     "drafter-reload": "reload_weights reloads the speculative drafter too (level 2 wake: MTP back)",
+    "reader-spin": "shared-memory queue readers busy-poll VFLEET_SM75_SPIN_S after a read, not 1 s",
 }
 _OFF = {"", "off", "0", "false", "no", "none"}
 _ALL = {"auto", "on", "1", "true", "yes", "all"}
@@ -53,4 +55,19 @@ def top_k(environ: Mapping[str, str] | None = None) -> int | None:
         value = 0
     if value < 1:
         raise SettingError(f"{ENV_TOP_K}={raw}: must be a positive integer (or unset: whole table)")
+    return value
+
+
+def spin_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """``VFLEET_SM75_SPIN_S``: a reader's busy-poll window in seconds (unset: vLLM's own)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_SPIN, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise SettingError(f"{ENV_SPIN}={raw}: must be seconds from 0 to 1 (or unset: vLLM's 1 s)")
     return value

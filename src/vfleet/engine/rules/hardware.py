@@ -355,6 +355,10 @@ def caches(c: Ctx) -> None:
     c.setenv("HF_HUB_OFFLINE", "1", "weights are local; never reach for a hub at start-up")
 
 
+# The busy-poll window of vLLM's shared-memory queue readers on the CPU profile (vLLM: 1 s).
+READER_SPIN_S = "0.1"
+
+
 @rule("plugin", SEED_BOOST, "enable the vfleet SM75 plugin where the stack carries it")
 def plugin(c: Ctx) -> None:
     asked = [
@@ -378,6 +382,16 @@ def plugin(c: Ctx) -> None:
             "the plugin writes which features are on and why there; the sidecar's "
             "plugin_features label and vfleet doctor report it",
         )
+        if c.is_cpu:
+            c.setenv(
+                "VFLEET_SM75_SPIN_S",
+                READER_SPIN_S,
+                "the plugin's reader-spin: vLLM's queue readers busy-poll 1 s after every read, "
+                "so at one request a second a CPU worker spun a whole core (98 %, 7 % at 0.01 s) "
+                "that the box's compute needs; decode unchanged (docs/BENCHMARKS.md, \"The "
+                "reader's spin\"). Not set on GPUs: not measured there",
+                FIELD_NOTES,
+            )
         _draft_vocab(c)
 
 

@@ -383,7 +383,15 @@ def test_doctor_in_the_vllm_env_prints_the_decision_table(work: dict[str, Path])
     states = {f["feature"]: (f["active"], f["reason"]) for f in doc["features"]}
     assert states["draft-prune"][0] and "K=64 of 16384" in states["draft-prune"][1]
     assert states["flashinfer-sm75"] == (False, "not a CUDA device (vLLM platform: cpu)")
-    assert all(h["fingerprint"] in h["verified"].values() for h in doc["hooks"].values())
+    # Each feature verified on 0.32.0 finds its recorded fingerprints (drafter-reload is not:
+    # its runner differs there, and it says so).
+    from vfleet_sm75.verified import VERIFIED
+
+    for feature, versions in VERIFIED.items():
+        for target, expected in versions.get("0.32.0", {}).items():
+            assert doc["hooks"][target]["fingerprint"] == expected, (feature, target)
+    assert "0.32.0" not in VERIFIED["drafter-reload"]
+    assert "vLLM 0.32.0 is not a verified version" in states["drafter-reload"][1]
     assert doc["model_problems"] == []  # --model: the 16k model fits its table
 
 
@@ -588,7 +596,7 @@ def test_vllm_0_24_0_accepts_flashinfer_on_sm75_at_plugin_load_only_with_the_fix
     if plugin:  # the decision file says the same as the log line
         doc = json.loads(state.read_text())
         assert doc["vllm"] == "0.24.0"
-        assert doc["active"] == (["flashinfer-sm75"] if accepted else [])
+        assert ("flashinfer-sm75" in doc["active"]) == accepted, doc["active"]
     else:
         assert "vfleet" not in log.lower() and not state.exists()
     # Auto-selection on SM75 is stock either way: TRITON_ATTN.

@@ -269,7 +269,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 
 .PHONY: unit
 unit: venv wheels ## fast tests (tests/unit: no vLLM, no hosts, no docker; 2 workers)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
+	$(BIN)/python -m pytest -q -n $(UNIT_WORKERS) tests/unit
 
 .PHONY: test
 # PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (this machine's does, and CI's
@@ -283,6 +283,9 @@ PYTEST := PYTHONDONTWRITEBYTECODE= VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytes
 # keep both cores busy. Files go out in collection order, which puts the slowest first
 # (tests/conftest.py), not xdist's default of the most tests first. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
+# The unit tests alone wait more than they compute (timeouts, subprocesses): at 2 workers on 2
+# cores they kept the cores ~56 % busy beside lint; more workers than cores fill the waits.
+UNIT_WORKERS ?= 4
 
 # Of the fleet tests (two systemd-nspawn hosts over SSH, marked hosts), `make test` runs those
 # marked ci: deploy on systemd and pm2, idempotence, --check --diff, secrets, drift, kill -9,

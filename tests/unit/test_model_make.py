@@ -21,11 +21,16 @@ def test_model_make_without_torch_names_the_fix(cli: Callable[..., Result], tmp_
     assert not (tmp_path / "m").exists()
 
 
-def test_model_make_refuses_a_non_empty_folder(cli: Callable[..., Result], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args", [("tiny-dense",), ("qwen3.6-27b-fp8", "--config-only")], ids=["model", "config-only"]
+)
+def test_model_make_refuses_a_non_empty_folder(
+    cli: Callable[..., Result], tmp_path: Path, args: tuple[str, ...]
+) -> None:
     dest = tmp_path / "m"
     dest.mkdir()
     (dest / "keep.txt").write_text("mine")
-    r = cli("model", "make", "tiny-dense", str(dest), "--python", "/bin/false")
+    r = cli("model", "make", args[0], str(dest), *args[1:], "--python", "/bin/false")
     assert r.rc == 2 and "not empty" in r.err and "--force" in r.err
     assert (dest / "keep.txt").read_text() == "mine"
 

@@ -487,6 +487,18 @@ def _config_only_models(root: Path) -> list[str]:
     return names
 
 
+def _new_model_dir(a: argparse.Namespace) -> Path:
+    """The folder `vfleet model make` writes: new or empty, or rebuilt with --force."""
+    dest = Path(a.dir)
+    if dest.exists() and any(dest.iterdir()) and not a.force:
+        raise VfleetError(
+            "folder exists and is not empty",
+            where=str(dest),
+            fix="choose a new folder, or pass --force to rebuild it",
+        )
+    return dest
+
+
 def _model_make_config_only(a: argparse.Namespace, preset: ModelPreset) -> int:
     """config.json of the preset's architecture and quantisation, a tokenizer of its vocabulary
     size, no weights: for vLLM's --load-format dummy (bench/gpu_lane.py --dummy-weights)."""
@@ -496,13 +508,7 @@ def _model_make_config_only(a: argparse.Namespace, preset: ModelPreset) -> int:
             key="--config-only",
             fix="leave out --unwired, --draft-acceptance and --seed",
         )
-    dest = Path(a.dir)
-    if dest.exists() and any(dest.iterdir()) and not a.force:
-        raise VfleetError(
-            "folder exists and is not empty",
-            where=str(dest),
-            fix="choose a new folder, or pass --force to rebuild it",
-        )
+    dest = _new_model_dir(a)
     python = a.python or sys.executable
     script = hostside_script("tinymodels")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -535,13 +541,7 @@ def cmd_model_make(a: argparse.Namespace) -> int:
         )
     if a.draft_acceptance is not None:
         _check_draft_acceptance(a, gen)
-    dest = Path(a.dir)
-    if dest.exists() and any(dest.iterdir()) and not a.force:
-        raise VfleetError(
-            "folder exists and is not empty",
-            where=str(dest),
-            fix="choose a new folder, or pass --force to rebuild it",
-        )
+    dest = _new_model_dir(a)
     python = a.python or sys.executable
     if not _has_torch(python):
         raise VfleetError(

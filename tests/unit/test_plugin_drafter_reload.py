@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import sys
 import types
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vfleet_sm75 import decide, drafter_reload, fingerprints, lazy, settings, state
-from vfleet_sm75.flashinfer_fix import FlashInferFacts
+from vfleet_sm75 import decide, drafter_reload, fingerprints, lazy, state
 from vfleet_sm75.verified import HOOKS, RUNNER, VERIFIED
 
 from tests.conftest import pinned_vllm_source
+from tests.support.plugin_facts import facts
 
 FEATURE = "drafter-reload"
 
@@ -68,23 +67,7 @@ def test_a_reload_weights_naming_a_drafter_is_recognised(tmp_path: Path) -> None
 
 
 def _facts(version: str, **kw: Any) -> decide.Facts:
-    hooks: dict[str, str | None] = {
-        t: h for f in VERIFIED for t, h in VERIFIED[f].get(version, {}).items()
-    }
-    base = decide.Facts(
-        setting="auto",
-        requested=frozenset(settings.FEATURES),
-        setting_error=None,
-        vllm_version=version,
-        hooks=hooks,
-        platform="cuda",
-        capability=(9, 0),
-        flashinfer=FlashInferFacts(None, None, ""),
-        table_path=None,
-        table=None,
-        table_error=None,
-    )
-    return replace(base, **kw)
+    return facts(version, **{"platform": "cuda", "capability": (9, 0), **kw})
 
 
 def _decision(f: decide.Facts) -> decide.Decision:

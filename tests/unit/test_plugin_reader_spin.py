@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import sys
 import types
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from vfleet_sm75 import decide, fingerprints, reader_spin, settings
-from vfleet_sm75.flashinfer_fix import FlashInferFacts
 from vfleet_sm75.verified import HOOKS, SPIN, VERIFIED
 
 from tests.conftest import pinned_vllm_source
+from tests.support.plugin_facts import facts
 from vfleet.engine.rules.hardware import READER_SPIN_S
 from vfleet.render.plan import plan
 
@@ -44,21 +43,7 @@ def test_the_premise_readers_spin_a_second_in_every_pinned_version(version: str)
 
 
 def _facts(**kw: Any) -> decide.Facts:
-    base = decide.Facts(
-        setting="auto",
-        requested=frozenset(settings.FEATURES),
-        setting_error=None,
-        vllm_version="0.32.0",
-        hooks={t: h for f in VERIFIED for t, h in VERIFIED[f].get("0.32.0", {}).items()},
-        platform="cpu",
-        capability=None,
-        flashinfer=FlashInferFacts(None, None, ""),
-        table_path=None,
-        table=None,
-        table_error=None,
-        spin_s=0.1,
-    )
-    return replace(base, **kw)
+    return facts("0.32.0", **{"spin_s": 0.1, **kw})
 
 
 def _decision(f: decide.Facts) -> decide.Decision:

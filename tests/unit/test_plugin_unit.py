@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,8 @@ from hypothesis import strategies as st
 from vfleet_sm75 import decide, draft_vocab, fingerprints, flashinfer_fix, settings, state
 from vfleet_sm75.flashinfer_fix import FlashInferFacts
 from vfleet_sm75.verified import HOOKS, VERIFIED
+
+from tests.support.plugin_facts import facts, verified_hooks
 
 if TYPE_CHECKING:
     from vfleet.render.plan import Plan
@@ -173,29 +174,19 @@ def test_release_numbers_of_flashinfer_versions(version: str, release: tuple[int
     assert flashinfer_fix._release(version) == release
 
 
-def _hooks(version: str) -> dict[str, str]:
-    """Every feature's recorded fingerprints of ``version`` (a feature may not verify it)."""
-    return {t: h for f in VERIFIED for t, h in VERIFIED[f].get(version, {}).items()}
+_hooks = verified_hooks
 
 
 def _facts(**kw: object) -> decide.Facts:
-    version = "0.32.0"
-    hooks = _hooks(version)
-    base = decide.Facts(
-        setting="auto",
-        requested=frozenset(settings.FEATURES),
-        setting_error=None,
-        vllm_version=version,
-        hooks=hooks,
-        platform="cuda",
-        capability=(7, 5),
-        flashinfer=FlashInferFacts("0.6.16.post3", True, "fixed"),
-        table_path="/t/vocab.json",
-        table=draft_vocab.DraftVocab(tuple(range(100)), 1000, "x"),
-        table_error=None,
-        vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"},
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    base: dict[str, object] = {
+        "platform": "cuda",
+        "capability": (7, 5),
+        "flashinfer": FlashInferFacts("0.6.16.post3", True, "fixed"),
+        "table_path": "/t/vocab.json",
+        "table": draft_vocab.DraftVocab(tuple(range(100)), 1000, "x"),
+        "vllm_env": {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    }
+    return facts("0.32.0", **{**base, **kw})
 
 
 def _by_feature(f: decide.Facts) -> dict[str, decide.Decision]:

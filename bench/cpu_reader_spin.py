@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import yaml
-from cpu_start_cost import cpu_vllm, free_port, post, server_argv, stop, wait_ready
+from cpu_start_cost import cpu_vllm, free_port, post, server_argv, server_env, stop, wait_ready
 
 TICK = os.sysconf("SC_CLK_TCK")
 LOADS = ((1.0, 30.0), (4.0, 15.0))  # requests a second, seconds
@@ -82,14 +82,11 @@ def one(python: Path, version: str, config: dict[str, object], variant: str, sit
     port = free_port()
     conf = tmp / "vllm.yaml"
     conf.write_text(yaml.safe_dump({**config, "port": port}))
-    caches = tmp / "caches"
-    env = dict(
-        os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-        VLLM_USE_AOT_COMPILE="0", PYTHONDONTWRITEBYTECODE="", PYTHONPATH=str(site),
-        VLLM_CACHE_ROOT=str(caches / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
-        PYTHONPYCACHEPREFIX=str(caches / "pycache"),
+    env = server_env(
+        tmp / "caches",
+        PYTHONPATH=str(site),
         VFLEET_SM75="off" if variant == "stock" else "reader-spin",
-    )  # fmt: skip
+    )
     if variant != "stock":
         env["VFLEET_SM75_SPIN_S"] = variant
     url, log = f"http://127.0.0.1:{port}", tmp / f"vllm-{variant}.log"

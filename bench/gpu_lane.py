@@ -569,6 +569,15 @@ def resolve_values(host: Host, cfg: LaneConfig) -> dict[str, Any]:
     return values
 
 
+def served_name(host: Host) -> str:
+    """The model name requests must ask for: the preset's served_model_name (the 27B presets
+    serve as e.g. qwen-local, not under the preset's name), else the preset's name."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.config.profiles import load_model
+
+    return load_model(host.model).served_model_name or host.model
+
+
 def render(host: Host, cfg: LaneConfig, extra: Sequence[str] = ()) -> Path:
     """Render the release of `cfg` under base/instances/main/releases/<name> and point
     base/instances/main/current at it (the probe's rendered paths expect that)."""
@@ -945,7 +954,12 @@ def serve_one(
     elif cfg.draft_prune:
         extra, vocab_info = draft_vocab_sets(host)
     rel = render(host, cfg, extra)
+    # a configuration named twice in --only (interleaved runs) keeps each start's log
     log = logdir / f"{cfg.name}.log"
+    for n in range(2, 100):
+        if not log.exists():
+            break
+        log = logdir / f"{cfg.name}.{n}.log"
     rec: dict[str, Any] = {
         "name": cfg.name,
         "sets": [*host.base_sets, *host.sets, *cfg.sets, *extra],
@@ -964,7 +978,7 @@ def serve_one(
         if ready is None:
             rec["error"] = f"not ready (exit code {proc.poll()})"
             return rec
-        model = host.model
+        model = served_name(host)
         if "first-request" in cfg.roles:
             rec["first_request"] = chat(model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
             rec["second_request"] = chat(model, "[second] " + GREEDY_PROMPTS[0] * 20, 64, True)
@@ -1485,8 +1499,9 @@ def start_and_first_request(
             return rec
         if warmup:
             rec["warmup"] = run_probe(host, rel)
-        rec["first_request"] = chat(host.model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
-        rec["second_request"] = chat(host.model, "[second] " + GREEDY_PROMPTS[0] * 20, 64, True)
+        model = served_name(host)
+        rec["first_request"] = chat(model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
+        rec["second_request"] = chat(model, "[second] " + GREEDY_PROMPTS[0] * 20, 64, True)
         rec["to_first_token_s"] = round(time.monotonic() - t0, 2)
     except (SystemExit, KeyboardInterrupt):
         rec["error"] = "interrupted"

@@ -275,30 +275,70 @@ def install(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    # Requirements the resolved set puts on each name (for the skip test).
-    wants: dict[str, list[Requirement]] = {}
+
+    def _active(lines: list[str]) -> list[Requirement]:
+        reqs = [Requirement(line) for line in lines]
+        return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+    # Each wheel's own requirements, and the version this Python already has of its name.
+    by_name: dict[str, Path] = {}
+    wheel_reqs: dict[str, list[Requirement]] = {}
+    wheel_version: dict[str, Version] = {}
     for w in wheels:
+        name = _canon(w.name.split("-")[0])
+        by_name[name] = w
+        wheel_version[name] = Version(w.name.split("-")[1])
         with zipfile.ZipFile(w) as zf:
             meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-            for line in zf.read(meta).decode().splitlines():
-                if line.startswith("Requires-Dist:"):
-                    req = Requirement(line.split(":", 1)[1].strip())
-                    if req.marker is None or req.marker.evaluate({"extra": ""}):
-                        wants.setdefault(_canon(req.name), []).append(req)
+            text = zf.read(meta).decode()
+        wheel_reqs[name] = _active(
+            [
+                ln.split(":", 1)[1].strip()
+                for ln in text.splitlines()
+                if ln.startswith("Requires-Dist:")
+            ]
+        )
+    have: dict[str, Version] = {}
+    have_reqs: dict[str, list[Requirement]] = {}
+    for name in by_name:
+        try:
+            have[name] = Version(metadata.version(name))
+        except metadata.PackageNotFoundError:
+            continue
+        have_reqs[name] = _active(metadata.requires(name) or [])
+    # Keep the machine's own version of a name when every requirement on it is met, counting
+    # the requirements of what is then installed: a taken wheel's own, and for a kept name the
+    # machine's copy's (not its wheel's: a newer resolved transformers may want a newer
+    # huggingface-hub than the machine's transformers accepts). A kept name whose own
+    # requirements a taken wheel breaks is taken too. Repeated until nothing changes.
+    keep = set() if args.no_skip else set(have)
+    while True:
+        wants: dict[str, list[Requirement]] = {}
+        for name in by_name:
+            for req in have_reqs[name] if name in keep else wheel_reqs[name]:
+                wants.setdefault(_canon(req.name), []).append(req)
+        nxt = {n for n in keep if all(have[n] in r.specifier for r in wants.get(n, []))}
+        nxt = {
+            n
+            for n in nxt
+            if all(
+                _canon(r.name) not in by_name
+                or _canon(r.name) in nxt
+                or wheel_version[_canon(r.name)] in r.specifier
+                for r in have_reqs[n]
+            )
+        }
+        if nxt == keep:
+            break
+        keep = nxt
     only = {_canon(n) for n in args.only}
     leave = {_canon(n) for n in args.leave}
     take, skipped = [], []
-    for w in wheels:
-        name = _canon(w.name.split("-")[0])
+    for name, w in by_name.items():
         if (only and name not in only) or name in leave:
             continue
-        try:
-            have = Version(metadata.version(name))
-        except metadata.PackageNotFoundError:
-            take.append(w)
-            continue
-        if all(have in r.specifier for r in wants.get(name, [])) and not args.no_skip:
-            skipped.append(f"{name} {have}")
+        if name in keep:
+            skipped.append(f"{name} {have[name]}")
         else:
             take.append(w)
     print(

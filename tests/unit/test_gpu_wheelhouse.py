@@ -111,3 +111,23 @@ def test_pieces_join_and_install_skipping_what_this_python_has(tmp_path: Path) -
     )
     got = [d.metadata["Name"] for d in metadata.distributions(path=[str(other)])]
     assert got == ["vfleet_demo_a"]
+
+
+def test_a_kept_package_keeps_the_dependencies_its_own_copy_accepts(tmp_path: Path) -> None:
+    """The H200 run of 2026-12-03: the resolved transformers wanted huggingface-hub >= 2, the
+    machine's transformers (kept: it met vLLM's pin) wants < 2, and hub 2.4.0 was carried
+    beside it: every import of transformers failed. Here pytest stands for the kept package
+    and pluggy for its dependency: the wheelhouse's newer pytest wants a pluggy this Python's
+    pytest refuses; the machine's pytest and pluggy are kept and nothing of them installed."""
+    wheels, out = tmp_path / "wheels", tmp_path / "house"
+    wheels.mkdir()
+    out.mkdir()
+    have = metadata.version("pytest")
+    _wheel_with_requirement(wheels, "vfleet_demo_c", "1.0", f"pytest>={have}")
+    _wheel_with_requirement(wheels, "pytest", "99.0", "pluggy>=99")
+    wh._placeholder_wheel(wheels, "pluggy", "99.0")
+    assert wh._chunk(out, wheels, 1 << 20, set()) == 0
+    target = tmp_path / "site"
+    assert wh.main(["install", "--wheelhouse", str(out), "--target", str(target)]) == 0
+    got = sorted(d.metadata["Name"] for d in metadata.distributions(path=[str(target)]))
+    assert got == ["vfleet_demo_c"]

@@ -208,6 +208,23 @@ RECORDS: tuple[StackRecord, ...] = (
                 f"compile artefact: the cause is not established ({H200_RUN})",
             ),
             Claim(
+                "27B presets at their own size",
+                Level.GPU,
+                "served on a real GPU (H200, real architecture, dummy weights): "
+                "qwen3.6-27b-fp8, qwen3.8-27b-awq-mtp and qwen3.6-27b-awq-int4 from config-only "
+                "folders with --load-format dummy, the rendered defaults (262K, fp8 KV, "
+                "FLASHINFER, MTP 3, PIECEWISE), 2026-12-03. fp8 to the first token: 437 s on a "
+                "fresh host, 75 s warm; AWQ 134 / 66 s. Planner: page math exact in 9 starts; KV "
+                "tokens +0.85% / +0.91% on starts that load vLLM's AOT compile artefact, +1.96% "
+                "to +2.36% on starts that compile (activation peak 2.93 GiB compiling, 1.50 GiB "
+                "loading, planned 1,154 MiB; fp8's CUDA graph pool 0.37 GiB against 111 MiB "
+                "planned, AWQ's 0.10 GiB); weights -0.47% fp8, -3.15% AWQ (-1.67% since: Machete's "
+                "16-bit zero points on SM 9.0); CUDA context 523 vs "
+                "527 MiB. Decode without MTP (fp8, one stream) 37.8 tok/s, 0.25 of the HBM "
+                "roofline; draft-prune 28.6 -> 24.3 tok/s in one pair, cause not established "
+                "(docs/GPU.md section 9; bench/results/h200/lane-real-2026-12-03-*.json)",
+            ),
+            Claim(
                 "draft head at real shapes",
                 Level.GPU,
                 "torch only, no vLLM (bench/draft_head_gpu.py, eager as vLLM runs the draft "

@@ -148,13 +148,19 @@ def param_counts(arch: ModelArch) -> dict[str, int]:
 
 def quant_bytes(method: str, sm: tuple[int, int] | None) -> float:
     """Bytes per parameter of a quantised linear weight once vLLM has loaded it, scales
-    included. AWQ int4 g128 runs as Marlin (int4 + fp16 scale + 4-bit zero per 128). FP8 block
-    128x128 below SM89 (no fp8 tensor cores) runs as Marlin too, which turns the fp32 block
-    scales into fp16 group scales per 128 inputs and output channel
-    (quantization/utils/marlin_utils_fp8.py prepare_fp8_layer_for_marlin); from SM89 the block
-    scales stay (one fp32 per 128x128), as in the checkpoint (sm None: the bytes on disk)."""
+    included. AWQ int4 g128 runs as Marlin (int4 + fp16 scale + 4-bit zero per 128), except on
+    SM 9.0, where vLLM 0.24.0 and 0.27.1 pick Machete first (kernels/linear/__init__.py
+    _POSSIBLE_KERNELS: CutlassW4A8 needs fp8 activations, Machete only runs at capability 9.0;
+    the H200 lane logged "Using MacheteLinearKernel for AutoAWQMarlinLinearMethod"), and
+    Machete stores the zero points pre-scaled in the activation dtype
+    (kernels/linear/mixed_precision/machete.py transform_w_zp: -scales x zeros), 2 B per group
+    entry like the scales. FP8 block 128x128 below SM89 (no fp8 tensor cores) runs as Marlin
+    too, which turns the fp32 block scales into fp16 group scales per 128 inputs and output
+    channel (quantization/utils/marlin_utils_fp8.py prepare_fp8_layer_for_marlin); from SM89
+    the block scales stay (one fp32 per 128x128), as in the checkpoint (sm None: the bytes on
+    disk)."""
     if method == "awq":
-        return 0.5 + (2 + 0.5) / 128
+        return 0.5 + (2 + (2 if sm == (9, 0) else 0.5)) / 128
     if method == "fp8":
         return 1.0 + (2 / 128 if sm is not None and sm < (8, 9) else 4 / (128 * 128))
     return 2.0

@@ -24,6 +24,7 @@ from vfleet.engine.gpu_memory import (
     activation_peak,
     auto_memory,
     card_memory,
+    quant_bytes,
 )
 from vfleet.engine.planner import (
     KvInputs,
@@ -588,3 +589,13 @@ def test_activation_peak_follows_the_layouts_vllm_runs() -> None:
     many = activation_peak(mid, _mem_inputs(64, seqs=256))
     assert many.value == PEAK_FIXED + many.moe_workspace + 64 * 2 * 4096 + many.sampler
     assert many.sampler == 256 * 32768 * 34 > many.forward
+
+
+def test_awq_bytes_follow_the_kernel_vllm_picks_on_the_card() -> None:
+    """AWQ int4 g128: Marlin keeps a 4-bit zero point per group; on SM 9.0 vLLM 0.24.0/0.27.1
+    pick Machete, which keeps it pre-scaled in 16 bits (gpu_memory.quant_bytes, docs/GPU.md
+    section 9: the H200 lane logged MacheteLinearKernel). Off that card, Marlin's bytes."""
+    marlin, machete = 0.5 + 2.5 / 128, 0.5 + 4 / 128
+    for sm in ((7, 5), (8, 0), (8, 9), None):
+        assert quant_bytes("awq", sm) == marlin, sm
+    assert quant_bytes("awq", (9, 0)) == machete

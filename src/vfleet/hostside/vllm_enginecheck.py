@@ -29,13 +29,16 @@ It prints one JSON object per job, one per line: {"config", "ok", "vllm", "stage
 
 GPU-only extension modules (vllm._C and friends, absent from a CPU build and from an extracted
 GPU wheel) are replaced by empty modules only when the import would otherwise fail; the result
-names each one that was replaced.
+names each one that was replaced in its process (jobs with the same device and paths share the
+fork they start from, and what it imported: the first job's modules, imported once, cost the
+others nothing; docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -394,11 +397,18 @@ def _collect(pid: int, read: int) -> str:
     return text
 
 
+def _common_env(jobs: list[dict[str, Any]]) -> dict[str, str]:
+    """The variables every job of a group sets to the same value. The rest (each job's cache,
+    state and table paths under its own folder, the plugin's switch) only its own fork sees."""
+    first = jobs[0]["env"]
+    return {k: v for k, v in first.items() if all(j["env"].get(k) == v for j in jobs)}
+
+
 def _warm(jobs: list[dict[str, Any]]) -> None:
     """Import what every job of this group imports anyway (their model classes, FlashInfer), under
-    the group's device, environment and paths, so that each job's fork starts warm."""
+    the group's device, paths and common environment, so that each job's fork starts warm."""
     first = jobs[0]
-    os.environ.update(first["env"])
+    os.environ.update(_common_env(jobs))
     sys.path[:0] = first["paths"]
     importlib.invalidate_caches()
     _DEVICE.clear()
@@ -412,14 +422,51 @@ def _warm(jobs: list[dict[str, Any]]) -> None:
                     ModelRegistry._try_load_model_cls(arch)
 
 
+def _job_and_its_imports(job: dict[str, Any], parse: Any, tokenizer: str) -> str:
+    """One job's result, and the modules it imported that its parent had not (a JSON line)."""
+    before = set(sys.modules)
+    item = run_job(job, parse, tokenizer)
+    item["_imported"] = [name for name in sys.modules if name not in before]
+    return json.dumps(item, default=str)
+
+
+def _import_quietly(names: list[str]) -> None:
+    """Import what a job imported, in its order, so that the next jobs' forks start with it:
+    vLLM's argument parser, its reasoning parsers, the pydantic schemas of its configs, the
+    plugin's modules (~1 s a job). A module that does not import here, out of its job (one
+    that needs the job's own state), is left for the jobs to import themselves."""
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+                importlib.import_module(name)
+        except (Exception, SystemExit):  # the job imports it itself
+            continue
+
+
 def _run_group(jobs: list[dict[str, Any]], parse: Any, tokenizer: str) -> str:
-    """In a fork per group (same device, environment, paths): warm up, then a fork per job."""
+    """In a fork per group (same device, environment, paths): warm up, then a fork per job.
+    The first job also says which modules it imported; they are imported here before the
+    other jobs' forks (each job still runs in a fork of its own: nothing it does reaches the
+    next)."""
     _warm(jobs)
-    lines = []
-    for job in jobs:
-        pid, read = _fork(lambda job=job: json.dumps(run_job(job, parse, tokenizer), default=str))
+    gc.freeze()
+    lines: list[str] = []
+    for n, job in enumerate(jobs):
+        if n == 0:
+            pid, read = _fork(lambda job=job: _job_and_its_imports(job, parse, tokenizer))
+        else:
+            pid, read = _fork(
+                lambda job=job: json.dumps(run_job(job, parse, tokenizer), default=str)
+            )
         text = _collect(pid, read)
-        item = json.loads(text) if text.strip() else {"ok": False, "stage": "crash"}
+        item: dict[str, Any] = json.loads(text) if text.strip() else {"ok": False, "stage": "crash"}
+        if n == 0:
+            _import_quietly([str(name) for name in item.pop("_imported", [])])
+            # The forks then share these objects' pages: the collector does not walk them
+            # (and write to them) in every job.
+            gc.freeze()
         item.setdefault("error", "check process died")
         item["config"] = job["config"]
         lines.append(json.dumps(item, sort_keys=True, default=str))
@@ -459,9 +506,11 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = _stand_in_tokenizer()
 
+    # A group shares a fork that imported what its jobs import: the same presented device and
+    # sys.path. Their environments differ (each job's own folders); see _common_env.
     groups: dict[str, list[dict[str, Any]]] = {}
     for job in jobs:
-        key = json.dumps([job["device"], job["env"], job["paths"]], sort_keys=True)
+        key = json.dumps([job["device"], job["paths"]], sort_keys=True)
         groups.setdefault(key, []).append(job)
     all_ok = True
     try:

@@ -138,11 +138,17 @@ class Replica:
     url: str = ""  # where this machine reaches vLLM (an ssh tunnel for a remote host)
     tunnel: subprocess.Popen[bytes] | None = None
 
-    def state_args(self) -> list[str]:
+    def state_args(self, level: int | None = None) -> list[str]:
         """sleepctl's --plugin-state for a level 2 wake: was the drafter reloaded too?"""
-        return (
-            ["--plugin-state", self.plugin_state] if self.plugin_state and self.level == 2 else []
-        )
+        level = self.level if level is None else level
+        return ["--plugin-state", self.plugin_state] if self.plugin_state and level == 2 else []
+
+    def wake_level(self, rec: dict[str, Any]) -> int:
+        """The level to wake from: the one it went to sleep at (switch.json), not the
+        inventory's now. A level 2 sleeper woken as level 1 (a plain /wake_up) serves garbage
+        weights (docs/GPU.md section 6); its level may have changed in the inventory since."""
+        level = rec.get("level") if rec.get("state") == "asleep" else None
+        return level if isinstance(level, int) and level in (0, 1, 2) else self.level
 
     def ctl(self, *args: str, timeout: float) -> dict[str, Any]:
         """hostside/sleepctl.py on the host (its loopback), one JSON line back."""
@@ -548,7 +554,8 @@ def switch(
         state["replicas"][old.host] = old_rec
         write_state(prefix, state)
         step = WAKE
-        woke = new.ctl("wake", str(new.level), *new.state_args(), timeout=60)
+        level = new.wake_level(rec)
+        woke = new.ctl("wake", str(level), *new.state_args(level), timeout=60)
         rep.wake_s, rep.drafter = float(woke["seconds"]), woke.get("drafter")
         say(f"{new.host} awake" + (f"; {rep.drafter['detail']}" if rep.drafter else ""))
         rep.gates = run_gates(new, rec, perf_gate, tolerance, perf_tolerances)

@@ -34,7 +34,9 @@
 #   tools [TAR] unpack a carried tar of binaries from the control machine (default
 #             .gpulane/tools.tar: nginx and ssh-keygen with their libraries, which the GPU image
 #             lacks) into ~/tools; a wrapper sets LD_LIBRARY_PATH only where the image's own
-#             libraries do not satisfy a binary; then each binary's version as a check
+#             libraries do not satisfy a binary; then each binary's version as a check; and
+#             bench/device_ansible's stand-ins for the two Ansible calls vfleet makes, beside
+#             python3 (the image has no Ansible)
 #   vswitch [SECONDS]
 #             issue 32 with `vfleet switch` itself (bench/gpu_vswitch.py): up (tiny a + mid b,
 #             nginx front, b the standby), the switch sequence under load, down; stopped by
@@ -188,6 +190,13 @@ tools)
     done
     ~/tools/bin/nginx -V 2>&1 | head -1
     ~/tools/bin/ssh-keygen -Y 2>&1 | head -2 || true
+    # vfleet reads the inventory through Ansible (`ansible-inventory --host`, `ansible PATTERN
+    # --list-hosts`) and looks for both beside its Python; the GPU image has no Ansible, so two
+    # stand-ins for those two calls on a YAML inventory go there (bench/device_ansible)
+    pydir=$(python3 -c 'import os, sys; print(os.path.dirname(sys.executable))')
+    cp bench/device_ansible/ansible bench/device_ansible/ansible-inventory "$pydir/"
+    chmod 755 "$pydir/ansible" "$pydir/ansible-inventory"
+    echo "ansible stand-ins in $pydir"
     ;;
 vswitch)
     secs=${2:-800}

@@ -340,7 +340,9 @@ def cmd_up(a: argparse.Namespace) -> int:
     th.join(a.start_timeout)
     pa["first_request"] = first_a
     pa["start_to_first_token_s"] = round(time.monotonic() - t0, 2)
-    pb["ready_s"] = gs.wait_ready(eb, a.start_timeout)
+    # From b's start (a's first request ran meanwhile)
+    ready = gs.wait_ready(eb, a.start_timeout)
+    pb["ready_s"] = None if ready is None else round(time.monotonic() - tb, 2)
     print(f"== b ready {pb['ready_s']} s after its start", flush=True)
     if pb["ready_s"] is None:
         result["error"] = "b: no /health"
@@ -428,6 +430,11 @@ def cmd_switch(a: argparse.Namespace) -> int:
                 break
             if a.budget_s and time.monotonic() - t_all > a.budget_s:
                 result["switches"].append({"to": to, "skipped": "--budget-s"})
+                continue
+            lb_state = json.loads((base / "lb" / "balancer.json").read_text(encoding="utf-8"))
+            if any(r["host"] == to and not r["down"] for r in lb_state["replicas"]):
+                # The switch before rolled back: `switch to` would refuse (exit 2).
+                result["switches"].append({"to": to, "skipped": f"{to} serves already"})
                 continue
             for inst, lvl in levels.items():
                 set_level(base, inst, lvl)

@@ -31,6 +31,23 @@
 #   wait [SECONDS]
 #             until the detached step ends or SECONDS pass (default 540); its log, its state
 #             and a tar of what it wrote so far (results.tar.gz) into $OUT
+#   tools [TAR] unpack a carried tar of binaries from the control machine (default
+#             .gpulane/tools.tar: nginx and ssh-keygen with their libraries, which the GPU image
+#             lacks) into ~/tools; a wrapper sets LD_LIBRARY_PATH only where the image's own
+#             libraries do not satisfy a binary; then each binary's version as a check; and
+#             bench/device_ansible's stand-ins for the two Ansible calls vfleet makes, beside
+#             python3 (the image has no Ansible)
+#   vswitch [SECONDS]
+#             issue 32 with `vfleet switch` itself (bench/gpu_vswitch.py): up (tiny a + mid b,
+#             nginx front, b the standby), the switch sequence under load, down; stopped by
+#             `timeout` after SECONDS (default 800)
+#   seed [SECONDS]
+#             issue 31 item 4 on qwen3.6-27b-awq-int4 (dummy weights): a cold start (lane
+#             `real` on empty instance caches), then `caches --variants seeded,warm`: the caches
+#             packed as a cache seed, all taken away, the seed unpacked, a start; then a warm
+#             restart on the original caches; within SECONDS (default 700)
+#   both SECONDS
+#             vswitch, then seed with what is left of SECONDS (vswitch gets at most 800)
 #   snap      unpack .gpulane/repo.tar (a tar of a worktree's src, bench, profiles, ...;
 #             carried) into ~/lanerepo, so a detached step runs one fixed copy of the code
 #             while later calls re-sync the checkout
@@ -152,6 +169,84 @@ scale)
     real_run awq-int4 qwen3.6-27b-awq-int4 real,real-restart 330
     real_run plugin qwen3.8-27b-awq-mtp plugin-off,plugin-on,plugin-off,plugin-on 300 --repeats 3
     echo "== scale done $(date -u +%H:%M:%S)"
+    ;;
+tools)
+    tar_in=${2:-.gpulane/tools.tar}
+    rm -rf ~/tools
+    mkdir -p ~/tools/bin ~/tools/lib ~/tools/real
+    tar -xf "$tar_in" -C ~/tools/real
+    cp ~/tools/real/lib/* ~/tools/lib/
+    for b in ~/tools/real/bin/*; do
+        name=$(basename "$b")
+        if ldd "$b" | grep -q 'not found'; then
+            printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
+                ~/tools/lib "$b" > ~/tools/bin/"$name"
+            echo "$name: the image lacks some of its libraries, wrapped with LD_LIBRARY_PATH=~/tools/lib"
+        else
+            printf '#!/bin/sh\nexec %s "$@"\n' "$b" > ~/tools/bin/"$name"
+            echo "$name: the image's own libraries suffice"
+        fi
+        chmod 755 ~/tools/bin/"$name"
+    done
+    ~/tools/bin/nginx -V 2>&1 | head -1
+    ~/tools/bin/ssh-keygen -Y 2>&1 | head -2 || true
+    # vfleet reads the inventory through Ansible (`ansible-inventory --host`, `ansible PATTERN
+    # --list-hosts`) and looks for both beside its Python; the GPU image has no Ansible, so two
+    # stand-ins for those two calls on a YAML inventory go there (bench/device_ansible)
+    pydir=$(python3 -c 'import os, sys; print(os.path.dirname(sys.executable))')
+    cp bench/device_ansible/ansible bench/device_ansible/ansible-inventory "$pydir/"
+    chmod 755 "$pydir/ansible" "$pydir/ansible-inventory"
+    echo "ansible stand-ins in $pydir"
+    ;;
+vswitch)
+    secs=${2:-800}
+    export PATH=~/tools/bin:$PATH PYTHONPATH=$SITE
+    t0=$(date +%s)
+    rc=0
+    timeout -k 30 -s TERM "$secs" python3 bench/gpu_vswitch.py up --out "$OUT/vswitch" \
+        --pythonpath $SITE --shared-cache || rc=$?
+    echo "== vswitch up: exit $rc after $(($(date +%s) - t0)) s"
+    left=$((secs - ($(date +%s) - t0)))
+    if [ "$rc" = 0 ] && [ "$left" -gt 60 ]; then
+        timeout -k 30 -s TERM "$left" python3 bench/gpu_vswitch.py switch --out "$OUT/vswitch" \
+            --pythonpath $SITE --budget-s "$((left - 60))" || echo "== vswitch switch: exit $?"
+    fi
+    python3 bench/gpu_vswitch.py down --pythonpath $SITE || true
+    # the engines' logs and nginx's
+    tar -czf "$OUT/vswitch/logs.tar.gz" -C ~/vfleet-vswitch logs lb/logs inv.yml \
+        instances/a/current/ instances/b/current/ 2>/dev/null || true
+    echo "== vswitch done after $(($(date +%s) - t0)) s"
+    ;;
+seed)
+    secs=${2:-700}
+    export PATH=~/tools/bin:$PATH
+    end=$(($(date +%s) + secs))
+    m=qwen3.6-27b-awq-int4
+    left=$((end - $(date +%s)))
+    echo "== seed: cold start of $m ($left s left) $(date -u +%H:%M:%S)"
+    timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
+        --out "$OUT/seed-cold" --model $m --dummy-weights --model-dir ~/models/$m \
+        --only real --repeats 1 --pythonpath $SITE --start-timeout "$left" \
+        || echo "lane run seed-cold: exit $?"
+    left=$((end - $(date +%s)))
+    if [ "$left" -lt 150 ]; then
+        echo "== seed: seeded and warm skipped, $left s left"
+        exit 0
+    fi
+    echo "== seed: seeded, then warm ($left s left) $(date -u +%H:%M:%S)"
+    timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py caches \
+        --out "$OUT/seed" --config real --variants seeded,warm --model $m --dummy-weights \
+        --model-dir ~/models/$m --pythonpath $SITE --start-timeout 400 \
+        || echo "lane caches seed: exit $?"
+    echo "== seed done $(date -u +%H:%M:%S)"
+    ;;
+both)
+    secs=${2:?both SECONDS}
+    end=$(($(date +%s) + secs))
+    v=$((secs - 450))
+    [ "$v" -gt 800 ] && v=800
+    bash "$SELF" vswitch "$v"
+    bash "$SELF" seed "$((end - $(date +%s)))"
     ;;
 bg)
     shift

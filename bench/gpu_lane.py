@@ -1491,7 +1491,12 @@ def start_and_first_request(
         return rec
     pidfile = host.base / "lane.pid"
     t0 = time.monotonic()
-    proc = start(rel, log, False, pidfile)
+    # At the configuration's own log level, as `run` starts it: on torch < 2.12 vLLM 0.24.0
+    # turns Inductor's size/alignment/scalar asserts on only at VLLM_LOGGING_LEVEL=DEBUG
+    # (config/compilation.py), they are part of the compilation config its torch.compile cache
+    # key covers, so a restart at INFO of a configuration `run` started at DEBUG (`real`) found
+    # none of its compile artefacts and compiled again (H200, 2026-12-04: docs/GPU.md 10).
+    proc = start(rel, log, cfg.debug_log, pidfile)
     try:
         rec["ready_s"] = ready = wait_ready(proc, timeout)
         if ready is None:

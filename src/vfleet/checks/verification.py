@@ -182,11 +182,33 @@ RECORDS: tuple[StackRecord, ...] = (
             ),
             Claim(
                 "model switch frees GPU memory",
-                Level.UNVERIFIED,
-                "`vfleet switch` at sleep_level 1 or 2 has not run on a GPU: the sleep and wake "
-                "calls it makes are the ones the lane measured (row sleep mode), the rule's "
-                "enable-sleep-mode render is unit-tested, and the acceptance gate that catches "
-                "level 2's unreloaded MTP drafter is tested on its arithmetic only",
+                Level.GPU,
+                "`vfleet switch` itself on one H200 (2026-12-04, tiny and mid model, 0.45 of the "
+                "card each, nginx front): its standby and its switches put each engine to sleep "
+                "at level 1 and 2 and woke it; vLLM logged 62.0 (mid) / 62.5 GiB (tiny) freed at "
+                "each sleep, the mid sleeper kept 2,208 MiB on the GPU (nvidia-smi) and 7,970-"
+                "8,022 MiB of host RSS. No switch passed its gates there (next row), so the "
+                "freed memory was used by the other engine's wake only, not by a switch that "
+                "completed (docs/GPU.md section 10; "
+                "bench/results/h200/vswitch-2026-12-04-run3-*.json)",
+            ),
+            Claim(
+                "vfleet switch on one GPU",
+                Level.GPU,
+                "one run (2026-12-04): `vfleet switch standby` then three `switch to` the mid "
+                "model (the tiny model sleeping at level 1, 2, 2; the mid model asleep at level "
+                "1 each time, woken the third time through the level 2 sequence because its "
+                "inventory level had changed: fixed since) under 4 streams through the "
+                "balancer's nginx: all three rolled back at the "
+                "completion gate (the mid model's one token after 'Hi' had no text: a client "
+                "rule, fixed since with a unit test, not rerun on a GPU) and every rollback "
+                "passed; 0 of 395 requests failed. The mid model's first token to a client came "
+                "1.2-5.1 s after the flip (the old engine's record step 0.7-2.6 s of it), "
+                "requests queued at the standby waited at most 6.6 s. The level 2 wakes of the "
+                "rollbacks (tiny, twice) and the mid model's reload reloaded the drafter through "
+                "the plugin (18 of 18 parameters); vLLM's own interval metrics read acceptance "
+                "1.000 (tiny) and 0.98 (mid) on the load afterwards (docs/GPU.md section 10; "
+                "bench/results/h200/vswitch-2026-12-04-run3-*.json)",
             ),
             Claim(
                 "mid-size model",
@@ -243,8 +265,13 @@ RECORDS: tuple[StackRecord, ...] = (
                 "flashinfer-cubin no shorter. Caches carried to another base folder: Triton and "
                 "bytecode reused, torch.compile and FlashInfer JIT not (97 s); at the same paths "
                 "all but FlashInfer's JIT (81 s: a tarfile round trip's float mtimes make its "
-                "ninja rebuild). Cache seeds keep exact mtimes: shown with ninja on the CPU, a "
-                f"seeded GPU start not run ({H200_RUN})",
+                "ninja rebuild). A cache seed (vfleet's cacheseed.py: exact mtimes, checked-hash "
+                "pycs, signed) on qwen3.6-27b-awq-int4 with dummy weights (2026-12-04): 92.5 s "
+                "to the first token from the seed against 97.8 s for a restart on the caches "
+                "it was packed from (0.95x; first request 0.64 s, no FlashInfer rebuild) and "
+                "316 s cold; both restarts compiled torch.compile again (the cold start ran at "
+                "DEBUG, which changes 0.24.0's compile key), so neither is the 57 s warm "
+                f"restart of section 9 ({H200_RUN})",
             ),
             Claim(
                 "model switch on one GPU",
@@ -286,8 +313,9 @@ RECORDS: tuple[StackRecord, ...] = (
                 "'reloaded 18 of 18 parameters of the drafter Qwen3NextMTP ... in 0.027 s'; "
                 "acceptance 1.000 after that wake as before the sleeps (144 of 144), greedy "
                 "identical. The hook-off control (configuration sleep) did not run in that "
-                "session; the earlier sessions read 0.000 after such a wake. vfleet switch with "
-                "the plugin not run (docs/GPU.md section 8; "
+                "session; the earlier sessions read 0.000 after such a wake. Inside `vfleet "
+                "switch` (2026-12-04: row above) three reload_weights wakes logged the same "
+                "line (tiny 0.023-0.024 s, mid 0.249 s) (docs/GPU.md sections 8 and 10; "
                 "bench/results/h200/lane-drafter-reload-2026-12-03.json)",
             ),
             Claim(

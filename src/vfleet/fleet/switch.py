@@ -138,11 +138,17 @@ class Replica:
     url: str = ""  # where this machine reaches vLLM (an ssh tunnel for a remote host)
     tunnel: subprocess.Popen[bytes] | None = None
 
-    def state_args(self) -> list[str]:
+    def state_args(self, level: int | None = None) -> list[str]:
         """sleepctl's --plugin-state for a level 2 wake: was the drafter reloaded too?"""
-        return (
-            ["--plugin-state", self.plugin_state] if self.plugin_state and self.level == 2 else []
-        )
+        level = self.level if level is None else level
+        return ["--plugin-state", self.plugin_state] if self.plugin_state and level == 2 else []
+
+    def wake_level(self, rec: dict[str, Any]) -> int:
+        """The level to wake from: the one it went to sleep at (switch.json), not the
+        inventory's now. A level 2 sleeper woken as level 1 (a plain /wake_up) serves garbage
+        weights (docs/GPU.md section 6); its level may have changed in the inventory since."""
+        level = rec.get("level") if rec.get("state") == "asleep" else None
+        return level if isinstance(level, int) and level in (0, 1, 2) else self.level
 
     def ctl(self, *args: str, timeout: float) -> dict[str, Any]:
         """hostside/sleepctl.py on the host (its loopback), one JSON line back."""
@@ -189,7 +195,10 @@ class Replica:
 
     def greedy(self) -> str:
         try:
-            r = self.client().complete(self.served, GREEDY_PROMPT, GREEDY_TOKENS)
+            # A reply of special tokens only is "" (vLLM skips them), compared as such.
+            r = self.client().complete(
+                self.served, GREEDY_PROMPT, GREEDY_TOKENS, allow_no_text=True
+            )
         except BenchError as exc:
             raise StepFailed(f"{self.host}: greedy completion failed: {exc}") from None
         return r.text
@@ -354,10 +363,16 @@ def run_gates(
     except StepFailed as exc:
         return [Gate(HEALTH, False, str(exc))]
     try:
-        one = client.complete(r.served, "Hi", 1)
-        gates.append(Gate(COMPLETION, True, f"{one.completion_tokens or 1} token"))
+        # The engine generates: a token counted in the usage is enough, whether or not it has
+        # text (vLLM skips special tokens: on the H200 the mid-size test model's one token
+        # after "Hi" had none, and a text-only check rolled back every healthy wake of it).
+        one = client.complete(r.served, "Hi", 1, allow_no_text=True)
     except BenchError as exc:
         return [*gates, Gate(COMPLETION, False, str(exc))]
+    if one.first_s is None and not one.completion_tokens:
+        return [*gates, Gate(COMPLETION, False, "no token: no text and no usage count")]
+    note = "" if one.first_s is not None else " (no text: a token the server does not print)"
+    gates.append(Gate(COMPLETION, True, f"{one.completion_tokens or 1} token{note}"))
     want = (rec.get("greedy") or {}).get("text")
     try:
         got = r.greedy()
@@ -459,7 +474,7 @@ class FirstToken(threading.Thread):
     def run(self) -> None:
         sent = time.monotonic() - self.t0
         try:
-            r = self.client.complete(self.model, "Hi", 4)
+            r = self.client.complete(self.model, "Hi", 4, allow_no_text=True)
         except BenchError as exc:
             self.error = str(exc)
             return
@@ -539,7 +554,8 @@ def switch(
         state["replicas"][old.host] = old_rec
         write_state(prefix, state)
         step = WAKE
-        woke = new.ctl("wake", str(new.level), *new.state_args(), timeout=60)
+        level = new.wake_level(rec)
+        woke = new.ctl("wake", str(level), *new.state_args(level), timeout=60)
         rep.wake_s, rep.drafter = float(woke["seconds"]), woke.get("drafter")
         say(f"{new.host} awake" + (f"; {rep.drafter['detail']}" if rep.drafter else ""))
         rep.gates = run_gates(new, rec, perf_gate, tolerance, perf_tolerances)
@@ -667,7 +683,7 @@ def _rollback(prefix: Path, state: dict[str, Any], new: Replica, old: Replica, s
                                        "state": "asleep", "since": _now()}  # fmt: skip
         old.ctl("wake", str(old.level), timeout=60)
         old.health()
-        old.client().complete(old.served, "Hi", 1)
+        old.client().complete(old.served, "Hi", 1, allow_no_text=True)
     except (StepFailed, VfleetError, BenchError) as exc:
         say(f"ROLLBACK FAILED: {exc}")
         return f"FAILED: {exc}"

@@ -238,8 +238,19 @@ class Client:
         except ValueError:
             raise BenchError("protocol", f"{method} {url}: not JSON: {excerpt(raw)}") from None
 
-    def stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> StreamResult:
-        """POST ``body`` with ``stream: true`` and time the answer. ``timeout`` bounds it all."""
+    def stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        timeout: float | None = None,
+        *,
+        allow_no_text: bool = False,
+    ) -> StreamResult:
+        """POST ``body`` with ``stream: true`` and time the answer. ``timeout`` bounds it all.
+
+        Tokens that decode to no text (a special token the server skips, as vLLM does by
+        default) are a protocol error for a bench, which times text; ``allow_no_text`` returns
+        such an answer (``first_s`` None, ``completion_tokens`` from the usage) instead."""
         url = self.base_url + path
         limit = timeout if timeout is not None else self.timeout
         payload = json.dumps({**body, "stream": True}).encode()
@@ -283,7 +294,7 @@ class Client:
             conn.close()
         result = acc.result
         result.e2e_s = time.perf_counter() - t0
-        if result.first_s is None and result.completion_tokens:
+        if result.first_s is None and result.completion_tokens and not allow_no_text:
             raise BenchError("protocol", f"POST {url}: usage says tokens but no delta had text")
         return result
 
@@ -317,6 +328,7 @@ class Client:
         *,
         extra: dict[str, Any] | None = None,
         timeout: float | None = None,
+        allow_no_text: bool = False,
     ) -> StreamResult:
         body: dict[str, Any] = {
             "model": model,
@@ -326,4 +338,4 @@ class Client:
             "stream_options": {"include_usage": True},
             **(extra or {}),
         }
-        return self.stream("/v1/completions", body, timeout)
+        return self.stream("/v1/completions", body, timeout, allow_no_text=allow_no_text)

@@ -299,6 +299,35 @@ def test_client_times_a_stream(stub: tuple[Stub, str]) -> None:
     assert (res.text, res.reasoning) == (" w0 w1 w2 w3", "hm")
 
 
+def test_a_stream_that_arrives_in_one_burst_has_no_decode_speed(stub: tuple[Stub, str]) -> None:
+    """The server (or this client) fell behind: the first token, then the other 127 in one
+    read. The span between those reads is not decode time (make test's tune run on a loaded
+    machine logged 237,000 tok/s from such a stream, and kept it as the fastest repeat)."""
+    state, url = stub
+    usage = {"prompt_tokens": 64, "completion_tokens": 128}
+    burst = b"".join(chunk({"content": f" w{i}"}) for i in range(40))
+    state.chunks = [
+        (0.2, chunk({"content": "a"})),
+        (0.01, burst),
+        (0.0, chunk(usage=usage)),
+        (0.0, b"data: [DONE]\n\n"),
+    ]
+    res = Client(url).chat("m", "hi", 128)
+    assert res.deltas == 41 and res.reads == 2 and not res.streamed_in_time
+    assert res.decode_tps is None  # not measured, rather than 127 tokens over ~0.01 s
+    assert res.ttft_s is not None and res.tokens == 128  # what was measured stays
+    # The same tokens read as they come: measured.
+    state.chunks = [
+        (0.2, chunk({"content": "a"})),
+        *[(0.01, chunk({"content": f" w{i}"})) for i in range(40)],
+        (0.0, chunk(usage=usage)),
+        (0.0, b"data: [DONE]\n\n"),
+    ]
+    res = Client(url).chat("m", "hi", 128)
+    assert res.streamed_in_time and res.reads is not None and res.reads >= 21
+    assert res.decode_tps is not None and res.decode_tps > 0
+
+
 def test_client_on_the_recorded_stream(stub: tuple[Stub, str]) -> None:
     state, url = stub
     parts = RECORDED.split(b"\n\n")

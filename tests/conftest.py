@@ -112,10 +112,11 @@ def pinned_vllm_source(version: str) -> Path:
     return root
 
 
-# The slowest files first (CI durations, docs/BENCHMARKS.md). `make test` runs two pytest
-# workers that take whole files in collection order: each starts with one, and takes the next
-# whenever it has two or fewer tests of its own left. So the two longest start at once and the
-# short files fill the gaps at the end; `python -m tests.support.timeline` shows who ran what.
+# The slowest files first (CI durations, docs/BENCHMARKS.md), then those that mostly wait.
+# `make test` runs two pytest workers that take whole files in collection order: each starts
+# with one, and takes the next whenever it has one test of its own left. So the two longest
+# start at once and the short files fill the gaps at the end; `python -m
+# tests.support.timeline` shows who ran what.
 # Disk: the fleet hosts' venvs (~8 GB) live while the compose test builds its images on the other
 # worker, after the local deploy, which in CI gives its venv back first: peak +25 GB over the
 # start (docs/BENCHMARKS.md, c591479).
@@ -128,6 +129,17 @@ SLOW_FIRST = (
     "test_tinymodels.py",  # the wide-model wiring test (67 s alone): not last in the queue
     "test_plugin_vllm.py",
     "test_vllm_engine.py",
+    # Files that mostly wait (deadlines, timeouts, restarts of small servers: 55, 42, 42, 13,
+    # 9, 5, 5 s of wall for ~20 s of CPU in all, fresh-clone run of 4690960): they ran last, and
+    # the run's last minute and a half kept the two cores 35 % busy. Here they run while the
+    # fleet file's tune and swaps keep the cores busy, and the files that end the run compute.
+    "test_probe.py",
+    "test_exporter.py",
+    "test_status.py",
+    "test_ansible_pm2.py",
+    "test_sleepctl.py",
+    "test_switch_record.py",
+    "test_vfleet_serve.py",
     "test_vllm_parse.py",
 )
 

@@ -520,3 +520,28 @@ def test_the_rollout_gate_renders_a_release_without_speculative_decoding(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert '"msg": "[]"' in proc.stdout  # no speculation: --speculative ''
     assert '"msg": "[method=mtp,num_speculative_tokens=2]"' in proc.stdout
+
+
+def test_a_bench_without_a_decode_speed_is_run_again_then_given_up() -> None:
+    """Every stream of a bench read late (vfleet.measure.client): no decode speed, so the bench
+    runs again, BENCH_TRIES in all; any other failure is final at once."""
+    from vfleet.fleet.tune_measure import BENCH_TRIES, NO_DECODE, Measurement, until_decoded
+
+    good = Measurement(
+        decode_tps=200.0, aggregate_tps=190.0, ttft_p95_s=0.1, requests=5, failed_requests=0,
+        acceptance_rate=0.5, tokens_per_step=1.8, step_time_s=0.009, bench_s=3.0,
+    )  # fmt: skip
+    answers: list[Measurement | str] = [NO_DECODE, NO_DECODE + ": x", good]
+    said: list[str] = []
+    assert until_decoded(lambda: answers.pop(0), said.append) is good
+    assert not answers and len(said) == 2 and "bench 3 of at most 3" in said[-1]
+    calls: list[int] = []
+
+    def never() -> str:
+        calls.append(1)
+        return NO_DECODE
+
+    assert until_decoded(never, said.append) == NO_DECODE and len(calls) == BENCH_TRIES
+    other: list[Measurement | str] = ["the server did not answer: refused", good]
+    assert until_decoded(lambda: other.pop(0), said.append) == "the server did not answer: refused"
+    assert other == [good]

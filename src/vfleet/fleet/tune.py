@@ -50,6 +50,7 @@ from vfleet.fleet.tune_measure import (
     Objective,
     measure,
     objective_from,
+    until_decoded,
 )
 from vfleet.fleet.tune_report import (
     OVERRIDES_FILE,
@@ -320,7 +321,9 @@ def try_candidate(
         result.why = f"swap failed twice ({done.said})"
     else:
         progress.say(f"{c.key}: {done.said}; measuring")
-        got = measure(url, t.api_key, bench)
+        got = until_decoded(
+            lambda: measure(url, t.api_key, bench), lambda why: progress.say(f"{c.key}: {why}")
+        )
         if isinstance(got, Measurement):
             result.status, result.measurement = "measured", got
         else:

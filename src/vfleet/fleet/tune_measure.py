@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -119,6 +119,13 @@ def _best(values: Sequence[float | None]) -> float | None:
     return max(got) if got else None
 
 
+# Why a bench gave no Measurement when no repeat had a decode speed (every stream read late:
+# vfleet.measure.client), or none succeeded.
+NO_DECODE = "no decode speed measured"
+# Benches of one candidate, in all, while they give no decode speed (tune.try_candidate).
+BENCH_TRIES = 3
+
+
 def summarize(runs: Sequence[object], concurrency: int, bench_s: float) -> Measurement | str:
     """A Measurement from the bench's runs (benchmark.scenarios.Run), or why there is none.
 
@@ -135,7 +142,7 @@ def summarize(runs: Sequence[object], concurrency: int, bench_s: float) -> Measu
     aggregate = _best([r.aggregate_tps for r in ok])
     if decode is None or aggregate is None:
         errors = [r.error for r in runs if isinstance(r, Run) and r.error]
-        return "no decode speed measured" + (f": {errors[-1]}" if errors else "")
+        return NO_DECODE + (f": {errors[-1]}" if errors else "")
     tps = _mean([r.tokens_per_step for r in ok])
     return Measurement(
         decode_tps=round(decode, 3),
@@ -148,6 +155,21 @@ def summarize(runs: Sequence[object], concurrency: int, bench_s: float) -> Measu
         step_time_s=tps / (concurrency * decode) if tps and decode else None,
         bench_s=round(bench_s, 1),
     )
+
+
+def until_decoded(
+    bench: Callable[[], Measurement | str], say: Callable[[str], None]
+) -> Measurement | str:
+    """`bench()`, again while no repeat's stream was read as it was generated (the box fell
+    behind for the whole bench, seconds: no decode speed to judge by), BENCH_TRIES in all.
+    Any other answer (a Measurement, or another reason) is returned at once."""
+    got = bench()
+    tries = 1
+    while isinstance(got, str) and got.startswith(NO_DECODE) and tries < BENCH_TRIES:
+        tries += 1
+        say(f"{got}; bench {tries} of at most {BENCH_TRIES}")
+        got = bench()
+    return got
 
 
 def measure(url: str, api_key: str | None, plan: BenchPlan) -> Measurement | str:

@@ -278,11 +278,13 @@ unit: venv wheels ## fast tests (tests/unit: no vLLM, no hosts, no docker; 2 wor
 # (docs/BENCHMARKS.md).
 PYTEST := PYTHONDONTWRITEBYTECODE= VFLEET_REQUIRE_TOOLS=1 $(BIN)/python -m pytest -q -rs --durations=10
 
-# Two pytest workers, each taking whole test files (a file's module fixtures start its vLLM servers
+# Pytest workers, each taking whole test files (a file's module fixtures start its vLLM servers
 # once): most of a test's time is spent waiting for a server to start or answer, so two workers
-# keep both cores busy. Files go out in collection order, which puts the slowest first
-# (tests/conftest.py), not xdist's default of the most tests first. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# take the integration files and keep both cores busy; a third takes only the unit files, whose
+# waits would otherwise hold one of the two (UNIT_PREFIX in tests/conftest.py). Files go out in
+# collection order, which puts the slowest first (tests/conftest.py), not xdist's default of the
+# most tests first. TEST_WORKERS=0: one process; 2: no unit worker.
+TEST_WORKERS ?= 3
 # The unit tests alone wait more than they compute (timeouts, subprocesses): at 2 workers on 2
 # cores they kept the cores ~56 % busy beside lint; more workers than cores fill the waits.
 UNIT_WORKERS ?= 4

@@ -144,6 +144,15 @@ SLOW_FIRST = (
 )
 
 
+# The unit files' worker. The run's wall time is its worker-minutes over its workers, waits
+# included: the fleet file is a serial chain of swaps (~0.5 of a core for 30 minutes), and the
+# unit files that wait on deadlines (~3 min of ~6) kept one of the two workers, and so half the
+# machine, from the CPU-bound files. A third worker that takes only files under tests/unit (no
+# vLLM, hosts or docker: COST_MARKERS) runs them beside the two that take the integration files
+# in SLOW_FIRST order, so three first starts never meet (a plain third worker did: the local
+# deploy's and the fleet's first starts ran out of their 300 s probe, docs/BENCHMARKS.md).
+UNIT_PREFIX = "tests/unit/"
+
 # Markers that say what a test costs (pyproject.toml). A unit test costs none of them.
 COST_MARKERS = ("vllm", "hosts", "docker")
 UNIT_DIR = REPO / "tests" / "unit"
@@ -183,6 +192,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if self._pending_of(self.assigned_work[node]) > 1:
                 return
             self._assign_work_unit(node)
+
+        def _unit_worker(self, node: Any) -> bool:
+            """With three workers or more, the last takes unit files only (UNIT_WORKER)."""
+            if len(self.nodes) < 3:
+                return False
+            last = max(self.nodes, key=lambda n: int(str(n.gateway.id).lstrip("gw") or 0))
+            return bool(node is last)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._unit_worker(node):
+                super()._assign_work_unit(node)
+                return
+            unit = next((s for s in self.workqueue if s.startswith(UNIT_PREFIX)), None)
+            if unit is None:
+                node.shutdown()  # no unit file left: the others take what remains
+                return
+            # The parent's own assignment, for this file instead of the queue's first.
+            self.workqueue.move_to_end(unit, last=False)
+            super()._assign_work_unit(node)
 
     return LastTestFirst(config, log)
 

@@ -9,11 +9,12 @@ Times are taken on the client, as a user sees them (the seeds measure the same w
   ``(completion_tokens - 1) / (t_last - t_first)``. The token count is the usage chunk's
   (``stream_options.include_usage``); counting deltas is only a fallback, and undercounts with
   speculative decoding, where one delta can carry several tokens. Not measured (None) when
-  most deltas after the first arrived in a read together with others: the stream was not read
-  as it was generated (the server's output or this client fell behind) and the span between
-  arrivals says nothing about decode. Seen in `make test`'s tune run on a loaded machine:
-  127 tokens "decoded" in 0.5 ms, 237,000 tok/s, and the tuner, which keeps a candidate's
-  fastest repeat, picked its depth on that.
+  most deltas after the first arrived less than SPACED_S after the one before: no engine step
+  is that short (vLLM sends a delta per step, and its steps take milliseconds), so the stream
+  was not read as it was generated (the server's output or this client fell behind) and the
+  span between arrivals says nothing about decode. Seen in `make test`'s tune runs on a loaded
+  machine: 127 tokens "decoded" in 0.5 ms (237,000 and 223,000 tok/s), and the tuner, which
+  keeps a candidate's fastest repeat, picked its depth on that.
 - prefill tok/s: ``prompt_tokens / TTFT`` (includes the fixed per-request overhead; the prefill
   scenario's regression separates the two).
 """
@@ -28,6 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_TIMEOUT_S = 600.0
+# Less than this between two deltas: they were waiting together (in the server's output or in
+# this client's socket), not generated then. A vLLM engine step takes milliseconds.
+SPACED_S = 0.0002
 
 
 class BenchError(Exception):
@@ -121,9 +125,9 @@ class StreamResult:
     finish_reason: str | None = None
     text: str = ""
     reasoning: str = ""
-    # Reads of the stream that brought non-empty deltas (one per delta when it is read in
-    # time); None: not counted (a result made by hand).
-    reads: int | None = None
+    # Deltas after the first that came SPACED_S or more after the one before (all of them when
+    # the stream is read as it is generated); None: not counted (a result made by hand).
+    spaced: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -136,10 +140,10 @@ class StreamResult:
 
     @property
     def streamed_in_time(self) -> bool:
-        """Most deltas after the first came in a read of their own (see the module's doc)."""
-        if self.reads is None or self.deltas < 4:
+        """Most deltas after the first came SPACED_S or more after the one before."""
+        if self.spaced is None or self.deltas < 4:
             return True
-        return 2 * (self.reads - 1) >= self.deltas - 1
+        return 2 * self.spaced >= self.deltas - 1
 
     @property
     def decode_tps(self) -> float | None:
@@ -185,9 +189,9 @@ class _Accumulator:
             thought = part.get("reasoning_content") or part.get("reasoning") or ""
             if content or thought:
                 if r.first_s is None:
-                    r.first_s = now
-                if r.reads is None or r.last_s != now:
-                    r.reads = (r.reads or 0) + 1
+                    r.first_s, r.spaced = now, 0
+                elif r.last_s is not None and now - r.last_s >= SPACED_S:
+                    r.spaced = (r.spaced or 0) + 1
                 r.last_s = now
                 r.deltas += 1
                 r.text += content if isinstance(content, str) else ""

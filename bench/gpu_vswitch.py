@@ -488,8 +488,7 @@ def cmd_switch(a: argparse.Namespace) -> int:
     return 0
 
 
-def _f(x: Any, nd: int = 2) -> str:
-    return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+_f = gs._f  # one cell format for both switch benches' tables
 
 
 def report_md(result: dict[str, Any]) -> str:

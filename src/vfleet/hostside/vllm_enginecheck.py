@@ -446,7 +446,8 @@ def _import_quietly(names: list[str]) -> None:
 
 
 def _run_group(jobs: list[dict[str, Any]], parse: Any, tokenizer: str) -> str:
-    """In a fork per group (same device, environment, paths): warm up, then a fork per job.
+    """In a fork per group (same device and paths; the environment the jobs share): warm up,
+    then a fork per job, which adds its own variables.
     The first job also says which modules it imported; they are imported here before the
     other jobs' forks (each job still runs in a fork of its own: nothing it does reaches the
     next)."""

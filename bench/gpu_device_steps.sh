@@ -37,10 +37,19 @@
 #             libraries do not satisfy a binary; then each binary's version as a check; and
 #             bench/device_ansible's stand-ins for the two Ansible calls vfleet makes, beside
 #             python3 (the image has no Ansible)
-#   vswitch [SECONDS]
+#   vswitch [SECONDS [UP ARGS]]
 #             issue 32 with `vfleet switch` itself (bench/gpu_vswitch.py): up (tiny a + mid b,
-#             nginx front, b the standby), the switch sequence under load, down; stopped by
-#             `timeout` after SECONDS (default 800)
+#             nginx front, b the standby; UP ARGS go to `up`, e.g. --plugin-b off), the switch
+#             sequence under load, down; stopped by `timeout` after SECONDS (default 800)
+#   graphs MODEL [SECONDS]
+#             issue 31 item 5 on a preset at its own size (dummy weights): single-stream decode
+#             with the render's PIECEWISE graphs against FULL_AND_PIECEWISE, MTP off
+#             (nomtp-piecewise, nomtp-full), then MTP 3 with its FlashInfer PIECEWISE default
+#             (plugin-off) against TRITON_ATTN with full decode graphs (mtp-triton-full); each
+#             skipped when the time left is under what it needs (default 700)
+#   tenth SECONDS
+#             vswitch with b's drafter-reload off (the hook-off control inside `vfleet switch`),
+#             at most 720 s, then graphs qwen3.6-27b-awq-int4 with what is left
 #   seed [SECONDS]
 #             issue 31 item 4 on qwen3.6-27b-awq-int4 (dummy weights): a cold start (lane
 #             `real` on empty instance caches), then `caches --variants seeded,warm`: the caches
@@ -200,11 +209,12 @@ tools)
     ;;
 vswitch)
     secs=${2:-800}
+    shift $(($# < 2 ? $# : 2))
     export PATH=~/tools/bin:$PATH PYTHONPATH=$SITE
     t0=$(date +%s)
     rc=0
     timeout -k 30 -s TERM "$secs" python3 bench/gpu_vswitch.py up --out "$OUT/vswitch" \
-        --pythonpath $SITE --shared-cache || rc=$?
+        --pythonpath $SITE --shared-cache "$@" || rc=$?
     echo "== vswitch up: exit $rc after $(($(date +%s) - t0)) s"
     left=$((secs - ($(date +%s) - t0)))
     if [ "$rc" = 0 ] && [ "$left" -gt 60 ]; then
@@ -239,6 +249,35 @@ seed)
         --model-dir ~/models/$m --pythonpath $SITE --start-timeout 400 \
         || echo "lane caches seed: exit $?"
     echo "== seed done $(date -u +%H:%M:%S)"
+    ;;
+graphs)
+    model=${2:?graphs MODEL [SECONDS]}
+    secs=${3:-700}
+    end=$(($(date +%s) + secs))
+    # one lane run per configuration (each its own start: the graph mode and the backend are
+    # part of vLLM's compile key), the first a cold start where the host has no 27B caches
+    for pair in nomtp-piecewise:330 nomtp-full:160 plugin-off:170 mtp-triton-full:170; do
+        cfg=${pair%%:*} need=${pair##*:}
+        left=$((end - $(date +%s)))
+        if [ "$left" -lt "$need" ]; then
+            echo "== graphs $cfg: skipped, $left s left of $secs, it needs $need"
+            continue
+        fi
+        echo "== graphs $cfg: $model ($left s left) $(date -u +%H:%M:%S)"
+        timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
+            --out "$OUT/graphs-$cfg" --model "$model" --dummy-weights \
+            --model-dir ~/models/"$model" --only "$cfg" --repeats 3 --pythonpath $SITE \
+            --start-timeout "$((left < 900 ? left : 900))" || echo "lane run graphs $cfg: exit $?"
+    done
+    echo "== graphs done $(date -u +%H:%M:%S)"
+    ;;
+tenth)
+    secs=${2:?tenth SECONDS}
+    end=$(($(date +%s) + secs))
+    v=$((secs - 480))
+    [ "$v" -gt 720 ] && v=720
+    bash "$SELF" vswitch "$v" --plugin-b off
+    bash "$SELF" graphs qwen3.6-27b-awq-int4 "$((end - $(date +%s)))"
     ;;
 both)
     secs=${2:?both SECONDS}

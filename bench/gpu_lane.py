@@ -175,6 +175,33 @@ MATRIX: tuple[LaneConfig, ...] = (
         ("first-request", "decode"),
         "MTP off: single-stream decode without speculation (against the HBM roofline: `report`)",
     ),
+    # Issue 31 item 5: the render's choices that move single-stream decode, at INFO (vLLM logs
+    # two DEBUG lines per step), each against the PIECEWISE default of rule `cudagraphs`.
+    LaneConfig(
+        "nomtp-piecewise",
+        ("speculative.method=none",),
+        ("first-request", "decode"),
+        "MTP off, the rendered PIECEWISE graphs, at INFO: the baseline of the graph-mode pair",
+        debug_log=False,
+    ),
+    LaneConfig(
+        "nomtp-full",
+        ("speculative.method=none", "cudagraph_mode=FULL_AND_PIECEWISE"),
+        ("first-request", "decode"),
+        "MTP off, FULL_AND_PIECEWISE: a decode step is one CUDA graph, not one graph per "
+        "piece between the 64 attention and GDN layers (FlashInfer supports full graphs for "
+        "single-token decode on SM90: UNIFORM_SINGLE_TOKEN_DECODE)",
+        debug_log=False,
+    ),
+    LaneConfig(
+        "mtp-triton-full",
+        ("attention_backend=TRITON_ATTN", "cudagraph_mode=FULL_AND_PIECEWISE"),
+        ("first-request", "greedy", "decode"),
+        "MTP 3 with full decode graphs: vLLM 0.24.0 downgrades FULL decode graphs with "
+        "spec-decode to PIECEWISE under FlashInfer on SM90 (UNIFORM_SINGLE_TOKEN_DECODE, "
+        "config/compilation.py), so the attention is TRITON_ATTN (ALWAYS) for it",
+        debug_log=False,
+    ),
     LaneConfig(
         "plugin-off",
         (),

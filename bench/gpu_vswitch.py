@@ -18,7 +18,8 @@ then a sequence of `vfleet switch to` under a bounded load through the front:
   S3 a->b   a sleeps at level 2, b woken from level 1
   (inventory: b's sleep_level 2, while b serves)
   S4 b->a   b sleeps at level 2, a woken from level 2 (reload_weights + the plugin's drafter)
-  S5 a->b   a sleeps at level 2, b woken from level 2 (the same for the mid model)
+  S5 a->b   a sleeps at level 2, b woken from level 2 (the same for the mid model; with
+            --plugin-b off, b has no drafter reload: the acceptance gate must roll it back)
 
 `vfleet switch` reads an instance's level from the inventory's plan (VFLEET_SLEEP_LEVEL in its
 vllm.env): levels 1 and 2 render the same vllm.yaml and differ in that one variable, which
@@ -97,6 +98,14 @@ def vfleet(pythonpath: str, *args: str, timeout: float = 600) -> dict[str, Any]:
     return out
 
 
+def plugin_of(a: argparse.Namespace, inst: str) -> str:
+    """VFLEET_SM75 of an instance: --plugin, or for b --plugin-b where given (b without the
+    drafter-reload is the hook-off control: its level 2 wake must fail the acceptance gate)."""
+    if inst == "b" and a.plugin_b is not None:
+        return str(a.plugin_b)
+    return str(a.plugin)
+
+
 def inventory(a: argparse.Namespace, base: Path, levels: dict[str, int]) -> dict[str, Any]:
     hosts = {}
     for inst, model in MODELS.items():
@@ -108,7 +117,7 @@ def inventory(a: argparse.Namespace, base: Path, levels: dict[str, int]) -> dict
             f"sleep_level={levels[inst]}",
             f"gpu_memory_utilization={a.util}",
             "kv_cache_dtype=auto",  # fp8 KV + hybrid: vLLM 0.24.0's wake fails (gpu_lane.py)
-            *([f"extra_env.VFLEET_SM75={a.plugin}"] if a.plugin else []),
+            *([f"extra_env.VFLEET_SM75={plugin}"] if (plugin := plugin_of(a, inst)) else []),
         ]
         hosts[inst] = {
             "ansible_connection": "local",
@@ -291,7 +300,13 @@ def cmd_up(a: argparse.Namespace) -> int:
     base = Path(a.base_dir).expanduser()
     base.mkdir(parents=True, exist_ok=True)
     (base / "logs").mkdir(exist_ok=True)
-    result: dict[str, Any] = {"step": "up", "util": a.util, "plugin": a.plugin, "phases": {}}
+    result: dict[str, Any] = {
+        "step": "up",
+        "util": a.util,
+        "plugin": a.plugin,
+        "plugin_b": plugin_of(a, "b"),
+        "phases": {},
+    }
     t_all = time.monotonic()
     # The models (no downloads) and the venv wrapper launch.sh execs (gpu_lane.prepare_host).
     sw = argparse.Namespace(
@@ -542,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--profile", default=lane.DEFAULT_PROFILE)
     u.add_argument("--util", type=float, default=0.45)
     u.add_argument("--plugin", default="drafter-reload", help="VFLEET_SM75 ('' for none)")
+    u.add_argument(
+        "--plugin-b",
+        help="b's VFLEET_SM75 where it differs from --plugin (off: the hook-off control)",
+    )
     u.add_argument("--models-dir", default="~/models")
     u.add_argument("--python", default=sys.executable)
     u.add_argument("--cuda-home")

@@ -268,6 +268,7 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         assert (_awake(box.ports["a"]), _awake(box.ports["b"])) == (0.0, 1.0)
         # Both sidecars export it: b was woken, a put to sleep.
         assert first["failed_at"] == "none" and first["notes"] == [], first
+        assert first["recorded"] == "taken", first  # a never slept: its reference is new
         seconds = _assert_last_switch(box, "b", "to", "switched", "none", {"switched": 1})
         assert seconds == pytest.approx(first["seconds"], abs=1e-6)
         _assert_last_switch(box, "a", "from", "switched", "none", {"switched": 1})
@@ -291,6 +292,8 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         assert second["rollback"].startswith("ok"), second
         assert [g["name"] for g in second["gates"]] == ["health", "completion", "greedy"]
         assert second["failed_at"] == "greedy" and second["notes"] == [], second
+        # b matched the reference `standby` took: kept, not taken again before b slept
+        assert second["recorded"].startswith("kept from "), second
         # The sidecars: a's switch rolled back at the greedy gate; b saw it as the one that
         # was to sleep, and its counter keeps the first switch (as the one woken).
         rolled = _assert_last_switch(box, "a", "to", "rolled_back", "greedy", {"rolled_back": 1})

@@ -14,6 +14,7 @@ from tests.conftest import Result
 from vfleet.engine.compile import resolve
 from vfleet.errors import VfleetError
 from vfleet.fleet import switch
+from vfleet.render.plan import plan
 from vfleet.render.release import render_files
 
 PROBE = {"accepted": 90.0, "drafted": 100.0}  # 0.9 over the probe before it slept
@@ -45,6 +46,45 @@ def test_the_sleep_level_comes_from_the_release_the_rules_rendered() -> None:
     with pytest.raises(VfleetError) as exc:
         switch._sleep_level(env_file(), "box-b")
     assert exc.value.key == "sleep_level" and "box-b" in (exc.value.fix or "")
+
+
+def test_a_reference_is_kept_while_the_engine_and_weights_are_the_same() -> None:
+    def replica(*sets: str) -> switch.Replica:
+        p = plan(
+            "h200-141g",
+            "tiny-hybrid-mtp",
+            sets=["max_model_len=4096", "kv_cache_dtype=auto", *sets],
+        )
+        return switch.Replica("b", {}, "python3", 8000, "chat", 0, None, "tiny-hybrid-mtp",
+                              engine=switch.engine_id(p))  # fmt: skip
+
+    r = replica("sleep_level=1")
+    # The level is vllm.env's, not the engine's: an inventory that changes it keeps the id.
+    assert r.engine == replica("sleep_level=2").engine and len(r.engine) == 12
+    assert replica("sleep_level=1", "max_num_seqs=2").engine != r.engine
+    greedy = {"prompt": switch.GREEDY_PROMPT, "max_tokens": switch.GREEDY_TOKENS, "text": " 1"}
+    rec = {"state": "serving", "weights": "tiny-hybrid-mtp", "engine": r.engine,
+           "greedy": greedy, "acceptance": PROBE, "recorded": "2026-12-04T05:00:00Z"}  # fmt: skip
+    kept = switch.kept_reference(rec, r)
+    assert kept == {"greedy": greedy, "acceptance": PROBE, "recorded": "2026-12-04T05:00:00Z"}
+    assert switch.kept_reference({**rec, "acceptance": None}, r) is not None  # no MTP: None
+    # Anything else is taken again on the drained engine before it sleeps.
+    for changed in (
+        {"engine": replica("max_num_seqs=2").engine},  # another configuration
+        {"weights": "tiny-dense"},  # another model in the folder
+        {"greedy": {**greedy, "prompt": "another prompt"}},  # an older vfleet's check
+        {"greedy": {**greedy, "text": None}},
+        {"engine": ""},  # recorded before engines were told apart
+    ):
+        assert switch.kept_reference({**rec, **changed}, r) is None, changed
+    assert switch.kept_reference({k: v for k, v in rec.items() if k != "acceptance"}, r) is None
+    # What `switch to` records: the kept reference as it was, or a new one.
+    old = switch._record(r, None, kept)
+    assert old["state"] == "asleep" and old["greedy"] is greedy and old["engine"] == r.engine
+    assert old["recorded"] == "2026-12-04T05:00:00Z"
+    # A woken replica that passed its gates serves with the reference it matched.
+    serving = switch._serving(r, old)
+    assert serving["state"] == "serving" and switch.kept_reference(serving, r) == kept
 
 
 def _balancer(tmp_path: Path, down: dict[str, bool]) -> Path:
@@ -129,3 +169,6 @@ def test_the_report_names_every_step_and_gate() -> None:
     assert "first token from b through the front: 1.50 s after the flip" in text
     assert "old workers done 0.10 s, a asleep 0.20 s, b awake 0.30 s" in text
     assert "gate health      ok   /health 200" in text
+    assert "reference for its next wake" not in text
+    rep.recorded = "kept from 2026-12-04T05:00:00Z"
+    assert "a's reference for its next wake: kept from 2026-12-04T05:00:00Z" in rep.text()

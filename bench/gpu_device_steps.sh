@@ -44,12 +44,13 @@
 #   graphs MODEL [SECONDS]
 #             issue 31 item 5 on a preset at its own size (dummy weights): single-stream decode
 #             with the render's PIECEWISE graphs against FULL_AND_PIECEWISE, MTP off
-#             (nomtp-piecewise, nomtp-full), then MTP 3 with its FlashInfer PIECEWISE default
-#             (plugin-off) against TRITON_ATTN with full decode graphs (mtp-triton-full); each
-#             skipped when the time left is under what it needs (default 700)
-#   tenth SECONDS
-#             vswitch with b's drafter-reload off (the hook-off control inside `vfleet switch`),
-#             at most 720 s, then graphs qwen3.6-27b-awq-int4 with what is left
+#             (nomtp-piecewise, nomtp-full: greedy replies compared), then MTP 3 with TRITON_ATTN
+#             and full decode graphs (mtp-triton-full) against its FlashInfer PIECEWISE default
+#             (plugin-off); each skipped when the time left is under what it needs (default 700)
+#   switchgraphs SECONDS [UP ARGS]
+#             vswitch (UP ARGS to `up`: the tenth run's `--plugin-b off` is the hook-off control
+#             inside `vfleet switch`), at most 720 s, then graphs qwen3.6-27b-awq-int4 with what
+#             is left
 #   seed [SECONDS]
 #             issue 31 item 4 on qwen3.6-27b-awq-int4 (dummy weights): a cold start (lane
 #             `real` on empty instance caches), then `caches --variants seeded,warm`: the caches
@@ -256,7 +257,7 @@ graphs)
     end=$(($(date +%s) + secs))
     # one lane run per configuration (each its own start: the graph mode and the backend are
     # part of vLLM's compile key), the first a cold start where the host has no 27B caches
-    for pair in nomtp-piecewise:330 nomtp-full:160 plugin-off:170 mtp-triton-full:170; do
+    for pair in nomtp-piecewise:330 nomtp-full:160 mtp-triton-full:200 plugin-off:170; do
         cfg=${pair%%:*} need=${pair##*:}
         left=$((end - $(date +%s)))
         if [ "$left" -lt "$need" ]; then
@@ -271,12 +272,13 @@ graphs)
     done
     echo "== graphs done $(date -u +%H:%M:%S)"
     ;;
-tenth)
-    secs=${2:?tenth SECONDS}
+switchgraphs)
+    secs=${2:?switchgraphs SECONDS [UP ARGS]}
+    shift 2
     end=$(($(date +%s) + secs))
     v=$((secs - 480))
     [ "$v" -gt 720 ] && v=720
-    bash "$SELF" vswitch "$v" --plugin-b off
+    bash "$SELF" vswitch "$v" "$@"
     bash "$SELF" graphs qwen3.6-27b-awq-int4 "$((end - $(date +%s)))"
     ;;
 both)

@@ -28,6 +28,7 @@ SEEDS_README = "seeds/README.md (recurring facts)"
 COMMUNITY = "docs/SOURCES.md#community"
 FIELD_NOTES = "docs/SOURCES.md#observed (seen on vfleet's machines)"
 VLLM_SOURCE = "vLLM source of the pinned versions (src/vfleet/engine/versions.py)"
+GPU_LANE = "docs/GPU.md (vfleet's renders served on an H200 by the GPU lane)"
 
 
 @dataclass(frozen=True)

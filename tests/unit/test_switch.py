@@ -63,12 +63,15 @@ def test_a_reference_is_kept_while_the_engine_and_weights_are_the_same() -> None
     assert r.engine == replica("sleep_level=2").engine and len(r.engine) == 12
     assert replica("sleep_level=1", "max_num_seqs=2").engine != r.engine
     greedy = {"prompt": switch.GREEDY_PROMPT, "max_tokens": switch.GREEDY_TOKENS, "text": " 1"}
-    rec = {"state": "serving", "weights": "tiny-hybrid-mtp", "engine": r.engine,
+    t = 1795966273.59  # process_start_time_seconds of the vLLM that was recorded
+    rec = {"state": "serving", "weights": "tiny-hybrid-mtp", "engine": r.engine, "started": t,
            "greedy": greedy, "acceptance": PROBE, "recorded": "2026-12-04T05:00:00Z"}  # fmt: skip
-    kept = switch.kept_reference(rec, r)
+    kept = switch.kept_reference(rec, r, t)
     assert kept == {"greedy": greedy, "acceptance": PROBE, "recorded": "2026-12-04T05:00:00Z"}
-    assert switch.kept_reference({**rec, "acceptance": None}, r) is not None  # no MTP: None
+    assert switch.kept_reference({**rec, "acceptance": None}, r, t) is not None  # no MTP: None
     # Anything else is taken again on the drained engine before it sleeps.
+    assert switch.kept_reference(rec, r, t + 40.0) is None  # restarted: deploy, swap, tune
+    assert switch.kept_reference(rec, r, None) is None  # no start time in /metrics
     for changed in (
         {"engine": replica("max_num_seqs=2").engine},  # another configuration
         {"weights": "tiny-dense"},  # another model in the folder
@@ -76,15 +79,37 @@ def test_a_reference_is_kept_while_the_engine_and_weights_are_the_same() -> None
         {"greedy": {**greedy, "text": None}},
         {"engine": ""},  # recorded before engines were told apart
     ):
-        assert switch.kept_reference({**rec, **changed}, r) is None, changed
-    assert switch.kept_reference({k: v for k, v in rec.items() if k != "acceptance"}, r) is None
+        assert switch.kept_reference({**rec, **changed}, r, t) is None, changed
+    no_acceptance = {k: v for k, v in rec.items() if k != "acceptance"}
+    assert switch.kept_reference(no_acceptance, r, t) is None
+    assert switch.kept_reference({k: v for k, v in rec.items() if k != "started"}, r, t) is None
     # What `switch to` records: the kept reference as it was, or a new one.
-    old = switch._record(r, None, kept)
+    old = switch._record(r, None, t, kept)
     assert old["state"] == "asleep" and old["greedy"] is greedy and old["engine"] == r.engine
-    assert old["recorded"] == "2026-12-04T05:00:00Z"
+    assert old["recorded"] == "2026-12-04T05:00:00Z" and old["started"] == t
     # A woken replica that passed its gates serves with the reference it matched.
     serving = switch._serving(r, old)
-    assert serving["state"] == "serving" and switch.kept_reference(serving, r) == kept
+    assert serving["state"] == "serving" and switch.kept_reference(serving, r, t) == kept
+
+
+def test_a_sleeper_restarted_since_its_record_is_refused_before_anything_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r = switch.Replica("b", {}, "python3", 8000, "chat", 1, None, "mid-hybrid-mtp")
+    now: list[float | None] = [1795966273.59]
+    monkeypatch.setattr(r, "started", lambda: now[0])
+    switch.restarted(r, {"started": 1795966273.59})  # the process it was recorded on
+    switch.restarted(r, {})  # a record of an older vfleet: nothing to compare
+    with pytest.raises(switch.StepFailed, match="b's vLLM was restarted since it was recorded"):
+        switch.restarted(r, {"started": 1795960000.0})
+    now[0] = None  # no start time in its /metrics: unknown, not refused
+    switch.restarted(r, {"started": 1795960000.0})
+
+    def unreadable() -> float:
+        raise switch.StepFailed("b: /metrics not read: connection refused")
+
+    monkeypatch.setattr(r, "started", unreadable)
+    switch.restarted(r, {"started": 1795960000.0})  # the wake and its gates will say more
 
 
 def _balancer(tmp_path: Path, down: dict[str, bool]) -> Path:

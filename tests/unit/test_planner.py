@@ -407,6 +407,47 @@ def test_seed_004_terms_by_hand() -> None:
     assert "peak activation (vision encoder profile)" not in t  # --skip-mm-profiling
 
 
+def test_full_decode_graphs_plan_the_first_capture_vllm_profiles_at_long_sequences() -> None:
+    def graphs(model: str, *sets: str) -> Term:
+        launch = resolve("h200-141g", model, sets=list(sets))
+        return next(t for t in launch_memory_model(launch).terms if t.name == "CUDAGraph memory")
+
+    # No MTP: FULL_AND_PIECEWISE, sizes 1, 2, 4 with FlashInfer. The H200 lane logged
+    # "Estimated CUDA graph memory" 450.56 MiB (0.44 GiB) in both runs of the pair, against
+    # 92.16 MiB PIECEWISE (docs/GPU.md section 11): the FULL first capture, then 2 x 2 sizes.
+    full = graphs("qwen3.6-27b-awq-int4", "speculative.method=none")
+    assert full.bytes == (446 + 2 * 2) * MIB and full.uncertainty == (64 + 223) * MIB
+    assert "FULL first capture 446 MiB" in full.formula
+    piecewise = graphs(
+        "qwen3.6-27b-awq-int4", "speculative.method=none", "cudagraph_mode=PIECEWISE"
+    )
+    assert piecewise.bytes == (88 + 20 + 2) * MIB  # logged 92.16
+    # TRITON_ATTN with MTP and full graphs logged what PIECEWISE did (102.4 MiB each): no FULL
+    # first capture is planned there, only its uncertainty.
+    triton = graphs("qwen3.6-27b-awq-int4", "attention_backend=TRITON_ATTN",
+                    "cudagraph_mode=FULL_AND_PIECEWISE")  # fmt: skip
+    assert triton.bytes < 150 * MIB and triton.uncertainty == (64 + 256) * MIB
+
+
+def test_full_graphs_on_a_hybrid_model_need_a_block_per_sequence() -> None:
+    # compilation.py resolve_cudagraph_mode_and_sizes: "max_num_seqs (N) exceeds available
+    # Mamba cache blocks" with FULL graphs only.
+    # 27B AWQ at 4096 tokens: 2 GB of KV space is 38 blocks of 1,568 tokens, for 64 sequences.
+    sets = ["max_model_len=4096", "max_num_seqs=64", "kv_cache_memory_bytes=2000000000"]
+
+    def problems(mode: str) -> list[str]:
+        more = ["speculative.method=none", f"cudagraph_mode={mode}"]
+        launch = resolve("h200-141g", "qwen3.6-27b-awq-int4", sets=[*sets, *more])
+        return plan_launch(launch).problems
+
+    assert problems("FULL_AND_PIECEWISE") == [
+        "FULL CUDA graphs on a hybrid model: max_num_seqs 64 exceeds the 38 KV blocks (vLLM "
+        "refuses to start: 'exceeds available Mamba cache blocks'); lower max_num_seqs or set "
+        "cudagraph_mode PIECEWISE"
+    ]
+    assert problems("PIECEWISE") == []  # it starts and queues (a warning)
+
+
 def test_seed_002_terms_by_hand() -> None:
     t = _terms(SEED_002)
     # FP8 block weights as Marlin below SM89: 1 + 2/128 = 65/64 B/param on the same

@@ -198,6 +198,28 @@ def test_async_scheduling_off_only_where_its_reason_holds() -> None:
     assert "no-async-scheduling" not in vals("a100-32g", "qwen3.8-27b-awq-mtp")
 
 
+@pytest.mark.parametrize(
+    ("profile", "model"),
+    [("2x2080ti-22g", "qwen3.8-27b-awq-mtp"), ("a100-32g", "qwen3.8-27b-awq-mtp"),
+     ("4x2080ti-22g", "qwen3.6-27b-awq-int4"), ("h200-141g", "qwen3.6-27b-awq-int4")],
+)  # fmt: skip
+def test_full_decode_graphs_without_speculation_piecewise_with_it(profile: str, model: str) -> None:
+    def graphs(*sets: str) -> tuple[str, str]:
+        launch = resolve(profile, model, sets=list(sets))
+        e = next(e for e in launch.args if e.key == "compilation-config")
+        return e.value["cudagraph_mode"], e.reason
+
+    mode, why = graphs()  # MTP: the scramble report keeps PIECEWISE
+    assert mode == "PIECEWISE" and "scramble" in why
+    mode, why = graphs("speculative.method=none")
+    assert mode == "FULL_AND_PIECEWISE" and "52.3 tok/s PIECEWISE, 91.2" in why
+    assert graphs("speculative.method=ngram")[0] == "PIECEWISE"  # 1+k tokens a step too
+    # The operator's choice stands either way, without the rule's reason.
+    mode, why = graphs("speculative.method=none", "cudagraph_mode=PIECEWISE")
+    assert mode == "PIECEWISE" and "91.2" not in why and "scramble" not in why
+    assert graphs("cudagraph_mode=FULL_AND_PIECEWISE")[0] == "FULL_AND_PIECEWISE"
+
+
 def test_triton_attn_reason_and_graph_mode_agree() -> None:
     launch = resolve("2x2080ti-22g", "qwen3.8-27b-awq-mtp")
     backend = next(e for e in launch.args if e.key == "attention-backend")

@@ -255,6 +255,14 @@ CUSTOM_ALL_REDUCE = 24 * MIB  # custom_all_reduce.py: 8 MiB meta + 8 MiB buffer 
 # largest 32: 0.17 GiB), #127 (TP 4, 5 sizes, largest 16: 0.17 GiB): first = 88 + 20 x TP MiB,
 # 1 MiB per further size (vLLM's floor).
 GRAPH_FIRST_BASE, GRAPH_FIRST_PER_TP, GRAPH_PER_SIZE = 88 * MIB, 20 * MIB, 1 * MIB
+# The FULL mode's first capture is profiled at long sequences (profile_cudagraph_memory:
+# profile_seq_lens = min(max_model_len, max_num_tokens // num_tokens), in 0.21.0, 0.24.0 and
+# 0.27.1), and vLLM takes the largest first capture of the modes. With FlashInfer's
+# single-token decode graphs (no speculative decoding) the H200 lane logged 450.6 MiB for
+# FULL_AND_PIECEWISE against 92.2 PIECEWISE, three sizes each (qwen3.6-27b-awq-int4, TP 1, 8192
+# batched tokens, vLLM 0.24.0; docs/GPU.md section 11): a first capture of ~446 MiB. One
+# shape measured: the +/- is half of it.
+GRAPH_FULL_FIRST_FLASHINFER = 446 * MIB
 
 
 @dataclass(frozen=True)
@@ -594,17 +602,23 @@ def _graph_estimate(m: MemInputs) -> tuple[int, int, str]:
         return 0, 0, ""
     first = GRAPH_FIRST_BASE + GRAPH_FIRST_PER_TP * m.tp
     modes = 2 if mode == "FULL_AND_PIECEWISE" else 1
-    value = first + modes * (n - 1) * GRAPH_PER_SIZE
     unc = 64 * MIB
-    formula = (
-        f"first capture 88 + 20 x TP {m.tp} = {first // MIB} MiB + {modes} x ({n} - 1) sizes x "
-        "1 MiB"
-    )
-    if "FULL" in mode:
-        # 0.26+ charges a transient that grows with max_num_batched_tokens to the FULL mode's
-        # first capture on hybrid GDN models (vllm-project/vllm issue 50780).
+    formula = f"first capture 88 + 20 x TP {m.tp} = {first // MIB} MiB"
+    if "FULL" in mode and m.backend == "FLASHINFER" and 1 in m.capture_sizes:
+        first = max(first, GRAPH_FULL_FIRST_FLASHINFER)
+        unc += GRAPH_FULL_FIRST_FLASHINFER // 2
+        formula = (
+            f"FULL first capture {first // MIB} MiB (FlashInfer single-token decode, measured "
+            "once on the H200)"
+        )
+    elif "FULL" in mode:
+        # Not measured for this backend or with speculative decoding (TRITON_ATTN with MTP on
+        # the H200 logged no more than PIECEWISE); 0.26+ grows the FULL mode's first capture
+        # with max_num_batched_tokens on hybrid GDN models (vllm-project/vllm issue 50780).
         unc += (1024 if _version(m.vllm) >= (0, 26) else 256) * MIB
-        formula += "; FULL graphs: first capture not measured (vllm issue 50780 on 0.26+)"
+        formula += "; FULL graphs' first capture not measured here (vllm issue 50780 on 0.26+)"
+    value = first + modes * (n - 1) * GRAPH_PER_SIZE
+    formula += f" + {modes} x ({n} - 1) sizes x 1 MiB"
     return value, unc, formula
 
 

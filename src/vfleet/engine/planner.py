@@ -477,6 +477,16 @@ def plan_launch(launch: Deployment) -> Plan:
             f"{seqs * kv.blocks_per_request} blocks, the KV space holds {kv.num_blocks} "
             f"(concurrency {kv.max_concurrency:.2f}); vLLM starts but queues the rest"
         )
+    cc = args.get("compilation-config")
+    mode = str(cc.get("cudagraph_mode", "")) if isinstance(cc, dict) else "FULL_AND_PIECEWISE"
+    if "FULL" in mode and kv.gdn_layers and 0 < kv.num_blocks < seqs:
+        # compilation.py resolve_cudagraph_mode_and_sizes (0.21.0, 0.24.0, 0.27.1): with FULL
+        # graphs on a hybrid model every sequence needs a Mamba cache block at capture.
+        problems.append(
+            f"FULL CUDA graphs on a hybrid model: max_num_seqs {seqs} exceeds the "
+            f"{kv.num_blocks} KV blocks (vLLM refuses to start: 'exceeds available Mamba "
+            "cache blocks'); lower max_num_seqs or set cudagraph_mode PIECEWISE"
+        )
     if split is not None and split.kv_bytes <= 0:
         problems.append(
             f"weights ({split.weights_bytes / GIB:.2f} GiB) and the other profiled terms "

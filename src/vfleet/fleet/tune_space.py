@@ -111,8 +111,8 @@ def _cudagraph_mode(launch: Launch) -> Dimension | str:
         tuple(Choice(m, (f"cudagraph_mode={m}",)) for m in modes),
         modes.index(now) if now in modes else 0,
         ordered=False,
-        why="cudagraph_mode: PIECEWISE (the rules' default) or full graphs where the attention "
-        "backend allows them (the capture sizes follow the depth)",
+        why="cudagraph_mode: PIECEWISE (the rules' default with speculative decoding) or full "
+        "graphs where the attention backend allows them (the capture sizes follow the depth)",
     )
 
 

@@ -191,7 +191,7 @@ def attention_backend(c: Ctx) -> None:
             backend = "TRITON_ATTN"
             why = (
                 "runs on SM75 in every pinned vLLM (FLASHINFER needs the SM75 plugin from 0.24 "
-                "on); the CUDA graph mode is the cudagraphs rule's (PIECEWISE by default)"
+                "on); the CUDA graph mode is the cudagraphs rule's (PIECEWISE with MTP)"
             )
     else:
         why = "operator setting"

@@ -184,31 +184,28 @@ RECORDS: tuple[StackRecord, ...] = (
                 "model switch frees GPU memory",
                 Level.GPU,
                 "`vfleet switch` itself on one H200 (2026-12-04, tiny and mid model, 0.45 of the "
-                "card each, nginx front): its standby and its switches put each engine to sleep "
-                "at level 1 and 2 and woke it; vLLM logged 62.0 (mid) / 62.5 GiB (tiny) freed at "
-                "each sleep, the mid sleeper kept 2,208 MiB on the GPU (nvidia-smi) and 7,970-"
-                "8,022 MiB of host RSS. No switch passed its gates there (next row), so the "
-                "freed memory was used by the other engine's wake only, not by a switch that "
-                "completed (docs/GPU.md section 10; "
-                "bench/results/h200/vswitch-2026-12-04-run3-*.json)",
+                "card each, nginx front), five switches that passed every gate: the sleeping mid "
+                "model kept 2,200 MiB of GPU memory (nvidia-smi) and 8.2 GB of host RSS, the "
+                "tiny one 1,790 MiB and 3.4 GB, while the other served at 65.3-65.6 GB; vLLM "
+                "logged 62.0 (mid) / 62.5 GiB (tiny) freed at each sleep (docs/GPU.md sections "
+                "10 and 11; bench/results/h200/vswitch-2026-12-04c-switch.json)",
             ),
             Claim(
                 "vfleet switch on one GPU",
                 Level.GPU,
-                "one run (2026-12-04): `vfleet switch standby` then three `switch to` the mid "
-                "model (the tiny model sleeping at level 1, 2, 2; the mid model asleep at level "
-                "1 each time, woken the third time through the level 2 sequence because its "
-                "inventory level had changed: fixed since) under 4 streams through the "
-                "balancer's nginx: all three rolled back at the "
-                "completion gate (the mid model's one token after 'Hi' had no text: a client "
-                "rule, fixed since with a unit test, not rerun on a GPU) and every rollback "
-                "passed; 0 of 395 requests failed. The mid model's first token to a client came "
-                "1.2-5.1 s after the flip (the old engine's record step 0.7-2.6 s of it), "
-                "requests queued at the standby waited at most 6.6 s. The level 2 wakes of the "
-                "rollbacks (tiny, twice) and the mid model's reload reloaded the drafter through "
-                "the plugin (18 of 18 parameters); vLLM's own interval metrics read acceptance "
-                "1.000 (tiny) and 0.98 (mid) on the load afterwards (docs/GPU.md section 10; "
-                "bench/results/h200/vswitch-2026-12-04-run3-*.json)",
+                "two runs (2026-12-04) of `vfleet switch standby` and five `switch to` between "
+                "the tiny and the mid model at levels 1 and 2 under 4 streams through the "
+                "balancer's nginx. With the plugin's drafter-reload: every gate passed (greedy "
+                "identical, MTP acceptance 1.000 before each sleep and after each wake, the "
+                "performance gate), 0 of 645 requests failed, the other model's first token "
+                "through the front 0.65-1.97 s after the flip in the four switches that kept the "
+                "old engine's reference, 3.72 s in the first, which took it (1.85 s of it). The "
+                "hook-off control (the mid model without drafter-reload, woken from level 2): "
+                "acceptance 1.000 before, 0.000 after (1,275 drafted), the acceptance gate "
+                "failed and the switch rolled back, 0 of 534 requests failed. The kept "
+                "reference's process check (process_start_time_seconds) came after these runs "
+                "and is checked on the CPU only (docs/GPU.md section 11; "
+                "bench/results/h200/vswitch-2026-12-04[bc]-*.json)",
             ),
             Claim(
                 "mid-size model",
@@ -244,7 +241,13 @@ RECORDS: tuple[StackRecord, ...] = (
                 "16-bit zero points on SM 9.0); CUDA context 523 vs "
                 "527 MiB. Decode without MTP (fp8, one stream) 37.8 tok/s, 0.25 of the HBM "
                 "roofline; draft-prune 28.6 -> 24.3 tok/s in one pair, cause not established "
-                "(docs/GPU.md section 9; bench/results/h200/lane-real-2026-12-03-*.json)",
+                "(docs/GPU.md section 9; bench/results/h200/lane-real-2026-12-03-*.json). "
+                "Without MTP, full decode graphs (rule cudagraphs' default since): "
+                "qwen3.6-27b-awq-int4 one stream 91.2-93.6 tok/s FULL_AND_PIECEWISE against "
+                "52.3-72.0 PIECEWISE in three pairs (1.30-1.75x; 0.35 of the HBM roofline), "
+                "greedy identical; the planner's CUDA graph term 450 MiB against 450.56 logged, "
+                "KV tokens +0.65% / +0.66% in the warm pair (docs/GPU.md section 11; "
+                "bench/results/h200/lane-graphs-2026-12-04*.json)",
             ),
             Claim(
                 "draft head at real shapes",
@@ -312,11 +315,13 @@ RECORDS: tuple[StackRecord, ...] = (
                 "reload_weights logged the target's reload (0.06 s) and then the plugin's "
                 "'reloaded 18 of 18 parameters of the drafter Qwen3NextMTP ... in 0.027 s'; "
                 "acceptance 1.000 after that wake as before the sleeps (144 of 144), greedy "
-                "identical. The hook-off control (configuration sleep) did not run in that "
-                "session; the earlier sessions read 0.000 after such a wake. Inside `vfleet "
-                "switch` (2026-12-04: row above) three reload_weights wakes logged the same "
-                "line (tiny 0.023-0.024 s, mid 0.249 s) (docs/GPU.md sections 8 and 10; "
-                "bench/results/h200/lane-drafter-reload-2026-12-03.json)",
+                "identical. Inside `vfleet switch` (2026-12-04, sections 10 and 11) every "
+                "reload_weights wake logged the same line (tiny 0.023-0.024 s, mid 0.249 s) and "
+                "read acceptance 1.000 after it; the hook-off control inside `vfleet switch` (the "
+                "mid model without the hook) read 0.000 after its level 2 wake and was rolled "
+                "back by the acceptance gate (docs/GPU.md sections 8, 10 and 11; "
+                "bench/results/h200/lane-drafter-reload-2026-12-03.json, "
+                "vswitch-2026-12-04b-hookoff-switch.json)",
             ),
             Claim(
                 "resident pair's planned sleeper",

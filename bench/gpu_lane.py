@@ -176,7 +176,8 @@ MATRIX: tuple[LaneConfig, ...] = (
         "MTP off: single-stream decode without speculation (against the HBM roofline: `report`)",
     ),
     # Issue 31 item 5: the render's choices that move single-stream decode, at INFO (vLLM logs
-    # two DEBUG lines per step), each against the PIECEWISE default of rule `cudagraphs`.
+    # two DEBUG lines per step), each against PIECEWISE (rule `cudagraphs`' default with MTP; its
+    # default without MTP is FULL_AND_PIECEWISE since these pairs, docs/GPU.md section 11).
     LaneConfig(
         "nomtp-piecewise",
         ("speculative.method=none", "cudagraph_mode=PIECEWISE"),

@@ -185,10 +185,11 @@ RECORDS: tuple[StackRecord, ...] = (
                 Level.GPU,
                 "`vfleet switch` itself on one H200 (2026-12-04, tiny and mid model, 0.45 of the "
                 "card each, nginx front), five switches that passed every gate: the sleeping mid "
-                "model kept 2,200 MiB of GPU memory (nvidia-smi) and 8.2 GB of host RSS, the "
-                "tiny one 1,790 MiB and 3.4 GB, while the other served at 65.3-65.6 GB; vLLM "
-                "logged 62.0 (mid) / 62.5 GiB (tiny) freed at each sleep (docs/GPU.md sections "
-                "10 and 11; bench/results/h200/vswitch-2026-12-04c-switch.json)",
+                "model kept 2,200 MiB of GPU memory (nvidia-smi) and 8,190-8,215 MiB of host "
+                "RSS, the tiny one 1,790 MiB and 3,351-3,377 MiB, while the other served with "
+                "65,316 (mid) / 65,600 MiB (tiny) of GPU memory; vLLM logged 61.6-61.9 (mid) / "
+                "62.3 GiB (tiny) freed at each sleep (docs/GPU.md sections 10 and 11; "
+                "bench/results/h200/vswitch-2026-12-04[bc]-*)",
             ),
             Claim(
                 "vfleet switch on one GPU",
@@ -244,8 +245,9 @@ RECORDS: tuple[StackRecord, ...] = (
                 "(docs/GPU.md section 9; bench/results/h200/lane-real-2026-12-03-*.json). "
                 "Without MTP, full decode graphs (rule cudagraphs' default since): "
                 "qwen3.6-27b-awq-int4 one stream 91.2-93.6 tok/s FULL_AND_PIECEWISE against "
-                "52.3-72.0 PIECEWISE in three pairs (1.30-1.75x; 0.35 of the HBM roofline), "
-                "greedy identical; the planner's CUDA graph term 450 MiB against 450.56 logged, "
+                "52.3-72.0 PIECEWISE in three pairs (1.30-1.75x; 0.35 of the HBM roofline); the "
+                "greedy replies of the one pair compared agree but are degenerate (dummy "
+                "weights); the planner's CUDA graph term 450 MiB against 0.44 GiB logged, "
                 "KV tokens +0.65% / +0.66% in the warm pair (docs/GPU.md section 11; "
                 "bench/results/h200/lane-graphs-2026-12-04*.json)",
             ),
@@ -315,11 +317,12 @@ RECORDS: tuple[StackRecord, ...] = (
                 "reload_weights logged the target's reload (0.06 s) and then the plugin's "
                 "'reloaded 18 of 18 parameters of the drafter Qwen3NextMTP ... in 0.027 s'; "
                 "acceptance 1.000 after that wake as before the sleeps (144 of 144), greedy "
-                "identical. Inside `vfleet switch` (2026-12-04, sections 10 and 11) every "
-                "reload_weights wake logged the same line (tiny 0.023-0.024 s, mid 0.249 s) and "
-                "read acceptance 1.000 after it; the hook-off control inside `vfleet switch` (the "
-                "mid model without the hook) read 0.000 after its level 2 wake and was rolled "
-                "back by the acceptance gate (docs/GPU.md sections 8, 10 and 11; "
+                "identical. Inside `vfleet switch` (2026-12-04) the reload_weights wakes with the "
+                "hook logged the same line (section 10: tiny 0.023-0.024 s, mid 0.249 s; section "
+                "11: tiny 0.014-0.019 s, mid 0.165 s), and in section 11 the acceptance gate read "
+                "1.000 after each; the hook-off control inside `vfleet switch` (the mid model "
+                "without the hook) read 0.000 after its level 2 wake and was rolled back by the "
+                "acceptance gate (docs/GPU.md sections 8, 10 and 11; "
                 "bench/results/h200/lane-drafter-reload-2026-12-03.json, "
                 "vswitch-2026-12-04b-hookoff-switch.json)",
             ),

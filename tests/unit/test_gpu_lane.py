@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -644,3 +645,17 @@ def test_report_compares_every_planner_term_and_the_decode_roofline() -> None:
         }
     )
     assert "roofline tok/s" in md and "| real-no-mtp | 27." in md
+
+
+def test_an_older_run_is_planned_again_in_the_graph_mode_it_ran_with() -> None:
+    # The tenth H200 run's nomtp-piecewise: rendered when MTP off still meant PIECEWISE.
+    raw = REPO / "bench/results/h200/lane-graphs-2026-12-04b-awq-int4-nomtp-piecewise.json"
+    rec = json.loads(raw.read_text())["configs"][0]
+    assert rec["sets"][-1] == "speculative.method=none"
+    assert lane.replan_sets(rec) == [*rec["sets"], "cudagraph_mode=PIECEWISE"]
+    rows = {r.term: r for r in lane.planner_rows(rec, "h200-141g", "qwen3.6-27b-awq-int4")}
+    assert rows["CUDA graph estimate MiB"].planner == 110  # PIECEWISE, as it ran
+    # A run that names its mode, or has no rendered file, keeps its settings as they are.
+    named = {**rec, "sets": [*rec["sets"], "cudagraph_mode=FULL_AND_PIECEWISE"]}
+    assert lane.replan_sets(named) == named["sets"]
+    assert lane.replan_sets({"sets": ["speculative.method=none"]}) == ["speculative.method=none"]

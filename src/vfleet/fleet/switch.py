@@ -8,9 +8,9 @@ served_model_name: one serves (admitted), the other is the standby (drained, asl
      standby, whose paused engine queues them (vLLM: "all pause modes queue new adds");
   2. nginx's old workers finish what they hold; the active's greedy reply and MTP acceptance
      (one probe request) are recorded on it, now drained, unless the reference it matched at
-     its last wake still holds (same weights and engine arguments: kept, so the other model's
-     first token does not wait for two requests to this one); it is put to sleep
-     (`/sleep?level=L&mode=wait`: its in-flight ones finish);
+     its last wake still holds (the same vLLM process, weights and engine arguments: kept, so
+     the other model's first token does not wait for two requests to this one); it is put to
+     sleep (`/sleep?level=L&mode=wait`: its in-flight ones finish);
   3. the standby is woken (`/wake_up`, until `/is_sleeping` is false): the queued requests run;
   4. the gates, on the woken engine: /health, a completion, the greedy reply against the one it
      gave before it slept, MTP acceptance after the wake against its own figure before it slept

@@ -435,8 +435,8 @@ def test_full_graphs_on_a_hybrid_model_need_a_block_per_sequence() -> None:
     # 27B AWQ at 4096 tokens: 2 GB of KV space is 38 blocks of 1,568 tokens, for 64 sequences.
     sets = ["max_model_len=4096", "max_num_seqs=64", "kv_cache_memory_bytes=2000000000"]
 
-    def problems(mode: str) -> list[str]:
-        more = ["speculative.method=none", f"cudagraph_mode={mode}"]
+    def problems(mode: str, *extra: str) -> list[str]:
+        more = ["speculative.method=none", f"cudagraph_mode={mode}", *extra]
         launch = resolve("h200-141g", "qwen3.6-27b-awq-int4", sets=[*sets, *more])
         return plan_launch(launch).problems
 
@@ -446,6 +446,7 @@ def test_full_graphs_on_a_hybrid_model_need_a_block_per_sequence() -> None:
         "cudagraph_mode PIECEWISE"
     ]
     assert problems("PIECEWISE") == []  # it starts and queues (a warning)
+    assert problems("FULL_AND_PIECEWISE", "extra_args.enforce-eager=true") == []  # no graphs
 
 
 def test_seed_002_terms_by_hand() -> None:

@@ -287,6 +287,23 @@ class Plan:
         return d
 
 
+def cuda_graphs(args: dict[str, Any], seqs: int) -> tuple[str, tuple[int, ...]]:
+    """The CUDA graph mode and capture sizes vLLM runs with these rendered arguments: the
+    rendered ones, else vLLM's default (FULL_AND_PIECEWISE; 1, 2, 4, then every 8 up to
+    2 x max_num_seqs); NONE with enforce-eager."""
+    cc = args.get("compilation-config")
+    if isinstance(cc, dict) and "cudagraph_mode" in cc:
+        mode = str(cc["cudagraph_mode"])
+        sizes = tuple(int(x) for x in cc.get("cudagraph_capture_sizes") or ())
+    else:
+        mode = "FULL_AND_PIECEWISE"
+        top = min(2 * seqs, 512)
+        sizes = tuple(s for s in (1, 2, 4, *range(8, top + 1, 8)) if s <= top)
+    if args.get("enforce-eager"):
+        mode = "NONE"
+    return mode, sizes
+
+
 def memory_inputs(
     profile: HardwareProfile, d: Decisions, args: dict[str, Any], vllm: str
 ) -> MemInputs:
@@ -294,17 +311,7 @@ def memory_inputs(
     card = card_memory(profile)
     seqs = d.max_num_seqs
     batched = args.get("max-num-batched-tokens")
-    cc = args.get("compilation-config")
-    if isinstance(cc, dict) and "cudagraph_mode" in cc:
-        mode = str(cc["cudagraph_mode"])
-        sizes = tuple(int(x) for x in cc.get("cudagraph_capture_sizes") or ())
-    else:
-        # vLLM's default: FULL_AND_PIECEWISE, 1, 2, 4, then every 8 up to 2 x max_num_seqs.
-        mode = "FULL_AND_PIECEWISE"
-        top = min(2 * seqs, 512)
-        sizes = tuple(s for s in (1, 2, 4, *range(8, top + 1, 8)) if s <= top)
-    if args.get("enforce-eager"):
-        mode = "NONE"
+    mode, sizes = cuda_graphs(args, seqs)
     return MemInputs(
         tp=d.tp,
         max_num_seqs=seqs,
@@ -477,9 +484,8 @@ def plan_launch(launch: Deployment) -> Plan:
             f"{seqs * kv.blocks_per_request} blocks, the KV space holds {kv.num_blocks} "
             f"(concurrency {kv.max_concurrency:.2f}); vLLM starts but queues the rest"
         )
-    cc = args.get("compilation-config")
-    mode = str(cc.get("cudagraph_mode", "")) if isinstance(cc, dict) else "FULL_AND_PIECEWISE"
-    if "FULL" in mode and kv.gdn_layers and 0 < kv.num_blocks < seqs:
+    full = "FULL" in cuda_graphs(args, seqs)[0] and profile.accelerator.kind != "cpu"
+    if full and kv.gdn_layers and 0 < kv.num_blocks < seqs:
         # compilation.py resolve_cudagraph_mode_and_sizes (0.21.0, 0.24.0, 0.27.1): with FULL
         # graphs on a hybrid model every sequence needs a Mamba cache block at capture.
         problems.append(

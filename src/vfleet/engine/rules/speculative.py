@@ -95,7 +95,7 @@ def cudagraphs(c: Ctx) -> None:
         sizes = sorted({1 << i for i in range(seqs.bit_length()) if 1 << i <= seqs} | {seqs})
         why = "decode batch sizes up to max_num_seqs"
     # Without speculation a decode step is one token per sequence, which every backend vfleet
-    # renders captures whole (vLLM 0.24.0/0.27.1: TRITON_ATTN ALWAYS, FLASHINFER without TRT-LLM
+    # renders captures whole (vLLM 0.21.0/0.24.0/0.27.1: TRITON_ATTN ALWAYS, FLASHINFER w/o TRT-LLM
     # UNIFORM_SINGLE_TOKEN_DECODE, GDN UNIFORM_BATCH), and vLLM's own default is then
     # FULL_AND_PIECEWISE. The scramble report is about MTP's 1+k-token steps only.
     mode = c.s.cudagraph_mode or ("PIECEWISE" if k else "FULL_AND_PIECEWISE")

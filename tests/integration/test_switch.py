@@ -11,7 +11,9 @@ put to sleep (level 0: the CPU build can only pause, docs/SWAP.md), then:
   b's own bench; acceptance not compared: b does not speculate);
 - `switch to a` with a wrong recorded greedy reply for a (what a bad wake would answer; a's MTP
   acceptance was recorded on the idle engine before it slept): the greedy gate fails, the
-  switch is rolled back, b serves again and a sleeps; still no request failed.
+  switch is rolled back, b serves again and a sleeps; still no request failed;
+- `switch to a` whose recorded vLLM start time is not a's (what a restart since its record
+  gives): refused before the flip, nothing changed.
 
 Each instance has its metrics sidecar (`vfleet-exporter`, started on the release's
 sidecar.json through `current`, as its unit starts it): after each switch both sidecars'
@@ -321,6 +323,21 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
     assert last["a"]["role"] == "to" and last["b"]["role"] == "from", last
     assert {x["outcome"] for x in last.values()} == {"rolled_back"}, last
     assert {x["failed_at"] for x in last.values()} == {"greedy"}, last
+    # A sleeper whose vLLM is not the process its reference was taken on (as after a restart;
+    # the recorded start time moved back, as the greedy text above was replaced): refused
+    # before the flip, nothing changed. a's start time now is read from its real /metrics.
+    state = json.loads(state_file.read_text())
+    assert state["replicas"]["a"]["started"] > 0, state["replicas"]["a"]
+    state["replicas"]["a"]["started"] -= 3600.0
+    state_file.write_text(json.dumps(state))
+    r = cli("switch", "to", lb, "a", "-i", inv, "--json", "--no-perf-gate")
+    assert r.rc == 1, r.out + r.err
+    third = json.loads(r.out)
+    assert third["outcome"] == "not started" and third["gates"] == [], third
+    assert "a's vLLM was restarted since it was recorded" in third["why"], third
+    assert _root(box.front) == box.weights["b"]
+    assert sleepctl.is_sleeping(box.ports["a"]) is True
+    assert sleepctl.is_sleeping(box.ports["b"]) is False
     print(
         f"\nswitch test: a -> b {first['seconds']:.2f} s (old workers {first['drain_s']:.2f} s, "
         f"a asleep {first['sleep_s']:.2f} s, b awake {first['wake_s']:.2f} s), first token from "

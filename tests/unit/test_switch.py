@@ -95,6 +95,9 @@ def test_a_reference_is_kept_while_the_engine_and_weights_are_the_same() -> None
 def test_a_sleeper_restarted_since_its_record_is_refused_before_anything_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The start time is given here: the refusal with a real vLLM's /metrics is in
+    # tests/integration/test_switch.py; what no vLLM gives on cue (no start time, /metrics
+    # unreadable) is only here.
     r = switch.Replica("b", {}, "python3", 8000, "chat", 1, None, "mid-hybrid-mtp")
     now: list[float | None] = [1795966273.59]
     monkeypatch.setattr(r, "started", lambda: now[0])

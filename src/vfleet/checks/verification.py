@@ -89,6 +89,17 @@ CORES_SPIN = Claim(
     "the plugin's reader-spin, which shortens it, is rendered on the CPU profile only "
     "(docs/PROFILES.md, docs/BENCHMARKS.md)",
 )
+# Rule cudagraphs' default without speculative decoding (every Qwen preset renders MTP, so it
+# applies where an operator or tune turns speculation off).
+FULL_GRAPHS = Claim(
+    "full decode graphs without MTP",
+    Level.UNVERIFIED,
+    "FULL_AND_PIECEWISE, vLLM's own default, when speculation is off: the backends' support "
+    "levels read in the pinned sources (TRITON_ATTN ALWAYS, FLASHINFER UNIFORM_SINGLE_TOKEN_DECODE "
+    "below SM100, GDN UNIFORM_BATCH) and its graph memory planned from the H200's log; only an "
+    "H200 has run it (1.30-1.75x single-stream decode, docs/GPU.md section 11), no GPU of this "
+    "kind",
+)
 NOT_RUN = Claim(
     "serves on its GPU",
     Level.UNVERIFIED,
@@ -376,6 +387,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 ),
             ),
             CORES_SPIN,
+            FULL_GRAPHS,
             NOT_RUN,
         ),
     ),
@@ -401,6 +413,7 @@ RECORDS: tuple[StackRecord, ...] = (
             PINS,
             _kv("not checked for this stack (the planner's arithmetic is version-independent)"),
             CORES_SPIN,
+            FULL_GRAPHS,
             NOT_RUN,
         ),
     ),
@@ -426,6 +439,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 ("tests/unit/test_planner.py::test_seed_004_terms_by_hand",),
             ),
             CORES_SPIN,
+            FULL_GRAPHS,
             NOT_RUN,
         ),
     ),
@@ -444,6 +458,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 Level.MAKE_TEST,
                 ("tests/unit/test_planner.py::test_seed_kv_pools_come_out_exactly",),
             ),
+            FULL_GRAPHS,
             NOT_RUN,
         ),
     ),

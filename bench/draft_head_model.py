@@ -23,18 +23,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# The plugin's table size: rule `plugin` takes min(this, vocabulary // 2)
-# (src/vfleet/engine/rules/hardware.py DRAFT_VOCAB_TOP; a unit test keeps the two equal: the
-# device machine has no pydantic to import the rule itself).
-DRAFT_VOCAB_TOP = 65_536
-BYTES_PER_VALUE = 2  # bf16 on the H200, fp16 on SM75: the same bytes
+# The arithmetic the product's rule `plugin` decides with (vfleet.engine.draft_prune: stdlib
+# only, so this runs on the device machine, which has no pydantic, from the repository's src/).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from vfleet.engine.draft_prune import (
+    BANDWIDTH,
+    BYTES_PER_VALUE,
+    DRAFT_VOCAB_TOP,
+    plugin_k,
+    rows_full,
+    rows_pruned,
+)
+
 MTP_STEPS = 3  # draft calls per decode step at MTP 3 (every rendered profile's depth)
-VLLM_VOCAB_PAD = 64  # vLLM pads the vocab-parallel LM head to a multiple of 64 rows
-
-
-def plugin_k(vocab: int) -> int:
-    """K as rule `plugin` chooses it for a table built on the host."""
-    return min(DRAFT_VOCAB_TOP, vocab // 2)
+__all__ = ["DRAFT_VOCAB_TOP", "MTP_STEPS", "plugin_k"]
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,11 @@ class Shape:
 
     def rows_full(self, tp: int = 1) -> int:
         """Rows one TP rank reads with vLLM's head: its padded contiguous shard."""
-        return -(-self.vocab // VLLM_VOCAB_PAD) * VLLM_VOCAB_PAD // tp
+        return rows_full(self.vocab, tp)
 
     def rows_pruned(self, tp: int = 1) -> int:
         """Rows one TP rank reads with the plugin's head: its round-robin share of K."""
-        return len(range(0, self.k, tp))
+        return rows_pruned(self.k, tp)
 
     def bytes_full(self, tp: int = 1) -> int:
         return self.rows_full(tp) * self.hidden * BYTES_PER_VALUE
@@ -135,8 +137,18 @@ def fraction_of_bound(nbytes: int, ms: float, copy_gbs: float) -> float:
 # The cards of the stacks that carry (or could carry) the plugin, each at the TP its stack runs
 # a 27B model with; a card with 0 GB/s takes the measured copy bandwidth.
 CARDS = (
-    Card("2080 Ti", 616.0, 2, "datasheet, seed 000's figure; 2x 2080 Ti stacks run TP 2"),
-    Card("A100 40 GB", 1555.0, 1, "datasheet (the 80 GB SXM part: 2,039); seed 001 runs TP 1"),
+    Card(
+        "2080 Ti",
+        BANDWIDTH["NVIDIA GeForce RTX 2080 Ti"].gbs,
+        2,
+        "datasheet, seed 000's figure; 2x 2080 Ti stacks run TP 2",
+    ),
+    Card(
+        "A100 40 GB",
+        BANDWIDTH["NVIDIA A100 32GB (DRIVE-PG199-PROD)"].gbs,
+        1,
+        "datasheet (the 80 GB SXM part: 2,039); seed 001 runs TP 1",
+    ),
     Card("H200", 0.0, 1, "the measured copy bandwidth, from the results"),
 )
 

@@ -11,7 +11,8 @@ two settings changed at a time) it renders the release with vfleet (the same vll
 file and launch.sh a deploy writes) under --base-dir, starts ``launch.sh``, waits for /health,
 then runs what the configuration's roles ask for:
 
-  first-request  TTFT of one streamed chat request right after /health (no warmup ran)
+  first-request  TTFT of one streamed chat request right after /health (no warmup ran: the
+                 record's ``after_warmup`` is false, the summary says "(no warmup)")
   probe          ``vfleet-probe --warmup --json``: all four tiers (live, models, serving, warm)
   greedy         fixed prompts at temperature 0: the texts (compared across configurations:
                  with and without MTP they must be identical) and the MTP counters' deltas
@@ -473,6 +474,11 @@ def compare_sidecar(sidecar: dict[str, float], hand: SpecDelta) -> list[dict[str
 
 # --------------------------------------------------------------------------- HTTP
 
+# A chat request's timeout, streamed or not: the first request after /health pays the JIT that
+# start-up left; a cold kv-auto start (FlashInfer compiling its bf16-KV kernels) outlasted 120 s,
+# the engine finishing ~130 s after the request (docs/GPU.md section 4).
+REQUEST_TIMEOUT_S = 300.0
+
 
 def http(
     path: str, body: dict[str, Any] | None = None, timeout: float = 120, port: int = PORT
@@ -512,7 +518,7 @@ def chat(model: str, prompt: str, max_tokens: int, stream: bool = False) -> dict
     }
     t0 = time.perf_counter()
     if not stream:
-        status, raw = http("/v1/chat/completions", body)
+        status, raw = http("/v1/chat/completions", body, timeout=REQUEST_TIMEOUT_S)
         took = time.perf_counter() - t0
         if status != 200:
             return {"ok": False, "status": status, "error": raw[:500].decode("utf-8", "replace")}
@@ -532,7 +538,7 @@ def chat(model: str, prompt: str, max_tokens: int, stream: bool = False) -> dict
     ttft = None
     chunks = 0
     try:
-        with urllib.request.urlopen(req, timeout=300) as resp:
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
             for line in resp:
                 if line.startswith(b"data: ") and b"[DONE]" not in line:
                     if ttft is None:
@@ -649,6 +655,15 @@ def prepare_host(host: Host, stack_venv: str) -> None:
 def port_free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def runs_at_debug(cfg: LaneConfig, rel: Path) -> bool:
+    """Whether vLLM logs at DEBUG when `start` starts the release: launch.sh sources vllm.env
+    after the lane's environment, so a level rendered there (--set
+    extra_env.VLLM_LOGGING_LEVEL=...) wins over the configuration's own."""
+    env = (rel / "vllm.env").read_text(encoding="utf-8")
+    m = re.search(r"^VLLM_LOGGING_LEVEL=['\"]?(\w*)", env, re.MULTILINE)
+    return m.group(1).upper() == "DEBUG" if m else cfg.debug_log
 
 
 def start(rel: Path, log: Path, debug: bool, pidfile: Path) -> subprocess.Popen[bytes]:
@@ -940,10 +955,9 @@ def draft_vocab_sets(host: Host, replies: str | None = None) -> tuple[list[str],
     table is built over the default corpus plus that text (a separate table file)."""
     sys.path[:0] = [str(REPO / "src")]
     from vfleet.config.profiles import load_model
-    from vfleet.engine.rules import DRAFT_VOCAB_TOP
+    from vfleet.engine.draft_prune import plugin_k
 
-    vocab = load_model(host.model).arch.vocab_size
-    top = min(DRAFT_VOCAB_TOP, vocab // 2)
+    top = plugin_k(load_model(host.model).arch.vocab_size)
     suffix = "-covered" if replies is not None else ""
     table = host.base / "build" / f"{host.model}.draft-vocab{suffix}.json"
     table.parent.mkdir(parents=True, exist_ok=True)
@@ -994,6 +1008,8 @@ def serve_one(
         "sets": [*host.base_sets, *host.sets, *cfg.sets, *extra],
         "why": cfg.why,
         "vllm_yaml": (rel / "vllm.yaml").read_text(encoding="utf-8"),
+        # `report` says why a DEBUG-only term is missing from a run at INFO
+        "debug_log": runs_at_debug(cfg, rel),
     }
     if vocab_info is not None:
         rec["draft_vocab"] = vocab_info
@@ -1009,7 +1025,9 @@ def serve_one(
             return rec
         model = served_name(host)
         if "first-request" in cfg.roles:
-            rec["first_request"] = chat(model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
+            # before the probe's warmup set (role `probe`): what a first user request waits for
+            first = chat(model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
+            rec["first_request"] = {**first, "after_warmup": False}
             rec["second_request"] = chat(model, "[second] " + GREEDY_PROMPTS[0] * 20, 64, True)
         metrics = scrape()
         rec["cache_info"] = cache_info(metrics)
@@ -1146,6 +1164,21 @@ def machine_facts(python: str, env: dict[str, str]) -> dict[str, Any]:
     return facts
 
 
+def first_request_md(rec: dict[str, Any]) -> str | None:
+    """The first request's TTFT with whether the warmup set ran before it (None: none ran)."""
+    first = rec.get("first_request")
+    if not first:
+        return None
+    warm = {True: "after the warmup set", False: "no warmup"}.get(
+        first.get("after_warmup"), "warmup not recorded"
+    )
+    ttft = first.get("ttft_s")
+    took = f"{ttft} s" if ttft is not None else f"failed: {first.get('error', '?')}"
+    second = (rec.get("second_request") or {}).get("ttft_s")
+    then = f", second {second} s" if second is not None else ""
+    return f"first request {rec['name']}: {took} ({warm}){then}"
+
+
 def summary_md(result: dict[str, Any]) -> str:
     lines = [
         f"# GPU lane: {result['profile']} x {result['model']}",
@@ -1173,6 +1206,8 @@ def summary_md(result: dict[str, Any]) -> str:
     lines += ["", f"greedy identical to MTP off: {ident}"]
     lines += [f"greedy pairs: {json.dumps(result.get('greedy_pairs', {}))}", ""]
     for r in result["configs"]:
+        if first := first_request_md(r):
+            lines.append(first)
         if "decode" in r:
             lines.append(f"decode {r['name']}: median {r['decode']['median_tokens_per_s']} tok/s")
         for line in r.get("log_terms", {}).get("plugin_lines", []):
@@ -1541,7 +1576,8 @@ def start_and_first_request(
         if warmup:
             rec["warmup"] = run_probe(host, rel)
         model = served_name(host)
-        rec["first_request"] = chat(model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
+        first = chat(model, "[first] " + GREEDY_PROMPTS[0] * 20, 64, True)
+        rec["first_request"] = {**first, "after_warmup": warmup}
         rec["second_request"] = chat(model, "[second] " + GREEDY_PROMPTS[0] * 20, 64, True)
         rec["to_first_token_s"] = round(time.monotonic() - t0, 2)
     except (SystemExit, KeyboardInterrupt):
@@ -1679,6 +1715,8 @@ class TermRow:
     term: str
     planner: float | None
     vllm: float | None
+    # the log_terms key of a figure vLLM logs only at DEBUG that `vllm` comes from
+    debug_key: str | None = None
 
     @property
     def error_pct(self) -> float | None:
@@ -1774,6 +1812,16 @@ TERM_LOGS = (
     ("CUDAGraph memory", "cudagraph_estimate_gib", "CUDA graph estimate MiB"),
     ("CUDAGraph memory", "graph_pool_gib", "CUDA graph pool (captured) MiB"),
 )
+# The figures vLLM 0.24.0 logs only at DEBUG, and what `report` says in place of one missing
+# from a run at INFO (`main` and others run at INFO on purpose: LaneConfig.debug_log).
+DEBUG_ONLY_TERMS = (
+    "torch_peak_gib",
+    "non_torch_gib",
+    "non_kv_gib",
+    "requested_gib",
+    "initial_free_gib",
+)
+NOT_LOGGED = "not logged (INFO; --set extra_env.VLLM_LOGGING_LEVEL=DEBUG)"
 
 
 def term_rows(rec: dict[str, Any], terms: Sequence[Any], total_bytes: int | None) -> list[TermRow]:
@@ -1790,13 +1838,44 @@ def term_rows(rec: dict[str, Any], terms: Sequence[Any], total_bytes: int | None
         v = t.get(key)
         return None if v is None else float(v) * 1024
 
-    rows = [TermRow(rec["name"], label, planned(n), logged(k)) for n, k, label in TERM_LOGS]
+    rows = [
+        TermRow(rec["name"], label, planned(n), logged(k), k if k in DEBUG_ONLY_TERMS else None)
+        for n, k, label in TERM_LOGS
+    ]
     free = t.get("initial_free_gib")
     context = None
     if free is not None and total_bytes:
         context = total_bytes / mib - float(free) * 1024
-    rows.append(TermRow(rec["name"], "CUDA context MiB", planned("CUDA context"), context))
+    # without the card's total the context is missing whatever the log level
+    key = "initial_free_gib" if total_bytes else None
+    rows.append(TermRow(rec["name"], "CUDA context MiB", planned("CUDA context"), context, key))
     return rows
+
+
+def ran_at_info(rec: dict[str, Any]) -> bool:
+    """Whether the configuration's vLLM logged at INFO (its DEBUG-only terms absent by design).
+
+    `run` records it as ``debug_log``. An older record without it is inferred from its log,
+    and only where that is safe: vLLM 0.24.0 logs "Available KV cache memory" (INFO) in the
+    same call as "Initial free memory" and the profiling line (DEBUG; gpu_worker.py 496-508),
+    so the first without any of the second is a run at INFO (every H200 record before the
+    field agrees with its configuration's level). Another vLLM version, or a log without that
+    line, is not inferred: its missing terms keep `-`."""
+    if "debug_log" in rec:
+        return not rec["debug_log"]
+    t = rec.get("log_terms", {})
+    return (
+        rec.get("vllm_version") == "0.24.0"
+        and t.get("available_kv_gib") is not None
+        and all(t.get(k) is None for k in DEBUG_ONLY_TERMS)
+    )
+
+
+def logged_md(rec: dict[str, Any], row: TermRow) -> str:
+    """vLLM's figure of `row`, or why a DEBUG-only figure is missing from a run at INFO."""
+    key = row.debug_key
+    missing = row.vllm is None and key is not None and rec.get("log_terms", {}).get(key) is None
+    return NOT_LOGGED if missing and ran_at_info(rec) else _fmt(row.vllm)
 
 
 def roofline(rec: dict[str, Any], profile: str, model: str, copy_gbps: float) -> dict[str, Any]:
@@ -1844,7 +1923,7 @@ def report_md(result: dict[str, Any]) -> str:
         for row in planner_rows(rec, result["profile"], result["model"], total):
             err = row.error_pct
             lines.append(
-                f"| {row.config} | {row.term} | {_fmt(row.planner)} | {_fmt(row.vllm)} | "
+                f"| {row.config} | {row.term} | {_fmt(row.planner)} | {logged_md(rec, row)} | "
                 f"{'-' if err is None else f'{err:+.2f}%'} |"
             )
     bw = result.get("machine", {}).get("copy_gbps")

@@ -1,8 +1,8 @@
 """bench/draft_head_model.py: the draft head's shapes, bytes and cost model (no GPU needed).
 
-The shapes and K must be the presets' and rule `plugin`'s (the device machine cannot import the
-rule, so the bench keeps copies and this test keeps them equal); the byte counts and the cost
-model are checked against hand-computed figures.
+The shapes must be the presets' and the head arithmetic rule `plugin`'s (the bench imports
+vfleet.engine.draft_prune, stdlib only, from src/); the product's fixed cost must be what these
+results measured; the byte counts and the cost model are checked against hand-computed figures.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from vfleet.engine.rules import DRAFT_VOCAB_TOP
+from vfleet.engine import draft_prune
 
 
 def _load() -> ModuleType:
@@ -33,7 +33,7 @@ m = _load()
 
 
 def test_k_is_rule_plugins() -> None:
-    assert m.DRAFT_VOCAB_TOP == DRAFT_VOCAB_TOP
+    assert m.DRAFT_VOCAB_TOP == draft_prune.DRAFT_VOCAB_TOP
     assert [m.SHAPES[s].k for s in ("qwen", "mid", "tiny")] == [65_536, 16_384, 512]
 
 
@@ -107,3 +107,12 @@ def test_bad_results_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     bad.write_text('{"rows": []}')
     assert m.main([str(bad)]) == 2
     assert "draft_head.json" in capsys.readouterr().err
+
+
+def test_the_products_fixed_cost_and_h200_bandwidth_are_the_measured_ones() -> None:
+    """Rule `plugin` decides with constants; they must be what the H200 results say."""
+    runs = sorted((REPO / "bench" / "results" / "h200").glob("draft-head-run*.json"))
+    assert len(runs) == 2
+    measured = m.read_results(runs)
+    assert round(measured.fixed_us, 1) == draft_prune.FIXED_COST_US
+    assert round(measured.copy_gbs) == draft_prune.BANDWIDTH["NVIDIA H200"].gbs

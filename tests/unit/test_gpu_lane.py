@@ -659,3 +659,189 @@ def test_an_older_run_is_planned_again_in_the_graph_mode_it_ran_with() -> None:
     named = {**rec, "sets": [*rec["sets"], "cudagraph_mode=FULL_AND_PIECEWISE"]}
     assert lane.replan_sets(named) == named["sets"]
     assert lane.replan_sets({"sets": ["speculative.method=none"]}) == ["speculative.method=none"]
+
+
+def _info_rec(**extra: object) -> dict[str, object]:
+    """A `main`-like record whose log has the INFO terms and none of the DEBUG-only ones."""
+    return {
+        "name": "main",
+        "sets": list(lane.BASE_SETS),
+        "log_terms": {"kv_tokens": 191_166_691, "available_kv_gib": 127.52, "weights_gib": 0.02},
+        "cache_info": {"num_gpu_blocks": "1677726", "block_size": "160"},
+        **extra,
+    }
+
+
+def _logged(rec: dict[str, object]) -> dict[str, str]:
+    """term -> the report's 'vLLM logged' cell."""
+    md = lane.report_md(
+        {
+            "profile": "h200-141g",
+            "model": "tiny-hybrid-mtp",
+            "machine": {"total_memory": 150_109_880_320},
+            "configs": [rec],
+        }
+    )
+    cells = [ln.split(" | ") for ln in md.splitlines() if ln.startswith(f"| {rec['name']} |")]
+    return {c[1]: c[3] for c in cells}
+
+
+def test_report_says_a_debug_only_term_was_not_logged_at_info() -> None:
+    at_info = _logged(_info_rec(debug_log=False))
+    for term in ("peak activation MiB", "non-torch memory MiB", "CUDA context MiB"):
+        assert at_info[term] == lane.NOT_LOGGED, term
+    assert lane.NOT_LOGGED.startswith("not logged (INFO")
+    # a term vLLM logs at INFO too is never blamed on the level
+    assert at_info["CUDA graph pool (captured) MiB"] == "-"
+    assert at_info["weights MiB"] == "20.480"
+    # a run at DEBUG that lacks the figure: nothing to suggest
+    at_debug = _logged(_info_rec(debug_log=True))
+    assert at_debug["peak activation MiB"] == at_debug["CUDA context MiB"] == "-"
+
+
+def test_report_infers_info_for_an_older_record_only_from_its_own_log() -> None:
+    # before `debug_log`: vLLM 0.24.0's INFO line of the memory profile without its DEBUG lines
+    assert _logged(_info_rec(vllm_version="0.24.0"))["peak activation MiB"] == lane.NOT_LOGGED
+    # another (or no) version: not inferred
+    assert _logged(_info_rec(vllm_version="0.25.0"))["peak activation MiB"] == "-"
+    assert _logged(_info_rec())["peak activation MiB"] == "-"
+    # the H200 records: `main` ran at INFO, `no-mtp` at DEBUG (its figures are there)
+    raw = REPO / "bench/results/h200/lane-run1.json"
+    configs = {r["name"]: r for r in json.loads(raw.read_text())["configs"]}
+    assert "debug_log" not in configs["main"]
+    assert _logged(configs["main"])["peak activation MiB"] == lane.NOT_LOGGED
+    no_mtp = _logged(configs["no-mtp"])
+    assert lane.NOT_LOGGED not in no_mtp.values()
+    assert no_mtp["peak activation MiB"] == "163.840"
+
+
+def test_run_records_the_level_vllm_logged_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The start needs a GPU: a busy port stops serve_one right after the render.
+    monkeypatch.setattr(lane, "port_free", lambda port: False)
+
+    def level(name: str, *sets: str) -> object:
+        args = (sys.executable, "", "/usr/local/cuda", tmp_path, "h200-141g", "tiny-hybrid-mtp")
+        host = lane.Host(tmp_path / "base", *args, sets)
+        rec = lane.serve_one(host, lane.select(name)[0], tmp_path, 1.0)
+        assert "busy" in rec["error"]
+        return rec["debug_log"]
+
+    assert level("main") is False and level("no-mtp") is True
+    # launch.sh sources vllm.env after the lane's environment: a rendered level wins
+    assert level("main", "extra_env.VLLM_LOGGING_LEVEL=DEBUG") is True
+    assert level("no-mtp", "extra_env.VLLM_LOGGING_LEVEL=INFO") is False
+
+
+def _fake_server(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
+    """serve_one / start_and_first_request without vLLM: what they call, in order."""
+
+    class Proc:
+        pid = 0
+
+        def poll(self) -> None:
+            return None
+
+    def start(rel: Path, log: Path, debug: bool, pidfile: Path) -> Proc:
+        log.write_text("", encoding="utf-8")
+        calls.append("start")
+        return Proc()
+
+    def chat(model: str, prompt: str, max_tokens: int, stream: bool = False) -> dict[str, object]:
+        calls.append(prompt.split()[0])
+        return {"ok": True, "ttft_s": 41.5 if prompt.startswith("[first]") else 0.86}
+
+    def probe(host: object, rel: Path) -> dict[str, object]:
+        calls.append("warmup set")
+        return {"rc": 0, "seconds": 7.9}
+
+    for name, fake in {
+        "port_free": lambda port: True,
+        "start": start,
+        "wait_ready": lambda proc, timeout: 1.0,
+        "stop": lambda proc: None,
+        "chat": chat,
+        "run_probe": probe,
+        "scrape": lambda port=lane.PORT: "",
+        "http": lambda *a, **k: (200, b"{}"),
+        "gpu_used_mib": lambda: None,
+        "run_greedy": lambda model: {"replies": [], "spec": {}},
+        "run_sidecar": lambda host, rel, model, logdir: {},
+        "dir_mib": lambda path: 0.0,
+    }.items():
+        monkeypatch.setattr(lane, name, fake)
+
+
+def test_the_first_request_says_whether_a_warmup_ran_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    _fake_server(monkeypatch, calls)
+    host = lane.Host(
+        tmp_path / "base",
+        sys.executable,
+        "",
+        "/usr/local/cuda",
+        tmp_path,
+        "h200-141g",
+        "tiny-hybrid-mtp",
+    )
+    rec = lane.serve_one(host, lane.select("main")[0], tmp_path, 1.0)
+    # `run`: the first request right after /health, the probe's warmup set after it
+    assert calls == ["start", "[first]", "[second]", "warmup set"]
+    assert rec["first_request"] == {"ok": True, "ttft_s": 41.5, "after_warmup": False}
+    assert rec["debug_log"] is False
+    # `caches` cold-warmup: the warmup set first
+    calls.clear()
+    cold = lane.start_and_first_request(
+        host, lane.select("main")[0], "cold-warmup", tmp_path, 1.0, True
+    )
+    assert calls == ["start", "warmup set", "[first]", "[second]"]
+    assert cold["first_request"]["after_warmup"] is True
+    # the summary names it beside the figure
+    old = {"name": "real", "first_request": {"ok": True, "ttft_s": 54.09}}
+    failed = {"name": "fp8", "first_request": {"ok": False, "error": "timed out"}}
+    md = lane.summary_md(
+        {
+            "profile": "h200-141g",
+            "model": "tiny-hybrid-mtp",
+            "machine": {},
+            "configs": [rec, {**cold, "name": "cold-warmup"}, old, failed],
+            "greedy_identity": lane.NOT_RUN,
+        }
+    )
+    assert "first request main: 41.5 s (no warmup), second 0.86 s" in md
+    assert "first request cold-warmup: 41.5 s (after the warmup set), second 0.86 s" in md
+    assert "first request real: 54.09 s (warmup not recorded)" in md
+    assert "first request fp8: failed: timed out (warmup not recorded)" in md
+
+
+def test_chat_requests_wait_as_long_as_a_cold_first_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/GPU.md section 4: a cold bf16-KV first request outlasted 120 s
+    seen: list[float] = []
+
+    def http(
+        path: str, body: object = None, timeout: float = 120, port: int = lane.PORT
+    ) -> tuple[int, bytes]:
+        seen.append(timeout)
+        return 200, json.dumps({"choices": [{"message": {"content": "c"}}]}).encode()
+
+    class Resp:
+        def __enter__(self) -> list[bytes]:
+            return [b"data: {}\n", b"data: [DONE]\n"]
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    def urlopen(req: object, timeout: float) -> Resp:
+        seen.append(timeout)
+        return Resp()
+
+    monkeypatch.setattr(lane, "http", http)
+    monkeypatch.setattr(lane.urllib.request, "urlopen", urlopen)
+    assert lane.chat("m", "p", 8)["ok"] and lane.chat("m", "p", 8, stream=True)["ok"]
+    # one timeout for both paths: the greedy replies (not streamed) and the first request
+    assert seen == [lane.REQUEST_TIMEOUT_S] * 2 == [300, 300]

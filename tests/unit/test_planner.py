@@ -46,6 +46,7 @@ SEEDS = [
             # The stack seed 002's deployment renders on (stock 0.24.0 cannot run FLASHINFER on
             # SM75: docs/SEEDS.md); the KV arithmetic is the same in 0.24.0 and 0.27.1.
             "stack=vllm-0.27.1-plugin",
+            "draft_prune=false",  # the seed ran none
             "kv_cache_dtype=fp8_e4m3",
             "max_model_len=100000",
             "max_num_seqs=1",
@@ -59,6 +60,7 @@ SEEDS = [
         "qwen3.6-27b-fp8",
         [
             "stack=vllm-0.27.1-plugin",
+            "draft_prune=false",  # the seed ran none
             "attention_backend=FLASHINFER",
             "max_model_len=100000",
             "max_num_seqs=1",

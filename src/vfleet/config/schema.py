@@ -337,6 +337,9 @@ class ServeSettings(Strict):
     draft_vocab_corpus: str | None = Field(None, pattern=r"^/")
     draft_vocab_file: str | None = Field(None, pattern=r"^/.*\.json$")
     draft_vocab_top: int | None = Field(None, ge=1)
+    # The plugin's draft-prune: unset, where its cost model says it pays (the head's bytes saved
+    # per draft call at the card's bandwidth, vfleet.engine.draft_prune); true or false forces it.
+    draft_prune: bool | None = None
     # The metrics sidecar (vfleet-exporter) next to this instance.
     sidecar_port: int | None = Field(None, ge=1, le=65535)
     sidecar_window_s: int | None = Field(None, ge=5, le=3600)

@@ -161,7 +161,7 @@ def resolve(
     ctx = apply(hw, preset, stack_name, settings, host, strict_memory=strict_memory)
     found = find_baseline(hw.name, preset.name, stack_name, root)
     draft_vocab = None
-    if preset.draft_vocab and hw.stacks[stack_name].plugin:
+    if preset.draft_vocab and ctx.d.draft_prune is not None:  # shipped only where it prunes
         draft_vocab = read_draft_vocab(root / "models" / preset.draft_vocab, preset)
     return Launch(
         hw,

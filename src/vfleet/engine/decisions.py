@@ -26,6 +26,14 @@ class DraftVocabBuild:
     top: int
 
 
+@dataclass(frozen=True)
+class DraftPrune:
+    """The SM75 plugin's draft-prune, where rule `plugin` turns it on."""
+
+    k: int  # the table's size: the K built on the host, or the default K for another table
+    rows: int  # LM head rows TP rank 0 copies at load for the pruned head (the planner's term)
+
+
 @dataclass(init=False, kw_only=True)
 class Decisions:
     """The values the rules decided, filled in rule order and sealed by `rules.apply()`."""
@@ -68,7 +76,12 @@ class Decisions:
 
     draft_vocab_build: DraftVocabBuild | None = None
     """A draft vocabulary the deploy builds on the host for the SM75 plugin; None when the
-    release ships one, the operator names one, or the model has no MTP. Rule `plugin`."""
+    release ships one, the operator names one, the model has no MTP, or draft-prune is off.
+    Rule `plugin`."""
+
+    draft_prune: DraftPrune | None = None
+    """The plugin's draft-prune where it is on (its cost model, or the `draft_prune` setting);
+    None where it is off or the stack carries no plugin. Rule `plugin`."""
 
     # -- memory --------------------------------------------------------------------------
     max_model_len: int

@@ -200,6 +200,10 @@ class MemInputs:
     # (or another method) "Model loading took" leaves them out (H200 lane, mid-hybrid-mtp:
     # 3.71 GiB without MTP, 4.15 GiB with it; docs/GPU.md).
     mtp_loaded: bool = True
+    # LM head rows the SM75 plugin's draft-prune copies per rank at load (0: off). vLLM counts
+    # them in "Model loading took": H200 lane, qwen3.8-27b-awq-mtp, 18.53 GiB with draft-prune
+    # on against 17.91 off, +0.62 GiB = 65,536 x 5,120 x 2 B (docs/GPU.md section 9).
+    draft_prune_rows: int = 0
 
 
 def default_batched_tokens(card: CardMemory, gpu_model: str) -> int:
@@ -398,10 +402,11 @@ def gpu_terms(
         parts.pop("mtp", None)
     weights = sum(v // tp for v in parts.values())
     vision = int(preset.unmodelled_weights_gib * GIB) // tp if m.vision_loaded else 0
+    pruned_head = m.draft_prune_rows * h * 2  # bf16/fp16, as the LM head it copies
     terms.append(
         Term(
             "weight",
-            weights + vision,
+            weights + vision + pruned_head,
             int(0.03 * (weights + vision)),
             "profiled",
             "vLLM source",
@@ -411,7 +416,12 @@ def gpu_terms(
             f"{sum(parts.values()) / GIB:.2f} GiB text model"
             + ("" if m.mtp_loaded or not arch.mtp_layers else " (MTP module not loaded)")
             + f" / TP {tp}"
-            + (f" + vision {preset.unmodelled_weights_gib:g} GiB / TP {tp}" if vision else ""),
+            + (f" + vision {preset.unmodelled_weights_gib:g} GiB / TP {tp}" if vision else "")
+            + (
+                f" + draft-prune's head copy {m.draft_prune_rows:,} rows x {h} x 2 B"
+                if pruned_head
+                else ""
+            ),
         )
     )
 

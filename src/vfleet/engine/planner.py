@@ -328,6 +328,7 @@ def memory_inputs(
         vllm=vllm,
         mtp_loaded=isinstance(spec := args.get("speculative-config"), dict)
         and spec.get("method") == "mtp",
+        draft_prune_rows=d.draft_prune.rows if d.draft_prune else 0,
     )
 
 

@@ -30,7 +30,6 @@ from vfleet.engine.rules.core import Ctx, Entry, Note, Rule
 from vfleet.engine.rules.hardware import (
     CACHE_ENV,
     DRAFT_VOCAB_FILE,
-    DRAFT_VOCAB_TOP,
     plugin_state_file,
 )
 from vfleet.engine.rules.identity import API_KEY_ENV
@@ -39,7 +38,6 @@ __all__ = [
     "API_KEY_ENV",
     "CACHE_ENV",
     "DRAFT_VOCAB_FILE",
-    "DRAFT_VOCAB_TOP",
     "RULES",
     "Ctx",
     "Decisions",
@@ -71,7 +69,6 @@ RULES: tuple[Rule, ...] = (
     hardware.cpu_kv_space,
     hardware.threads,
     hardware.caches,
-    hardware.plugin,
     # memory
     memory.context_and_batch,
     memory.gpu_memory,
@@ -79,6 +76,8 @@ RULES: tuple[Rule, ...] = (
     speculative.speculative,
     speculative.cudagraphs,
     speculative.async_scheduling,
+    # the plugin's draft-prune follows MTP's depth and TP
+    hardware.plugin,
     # caching
     caching.prefix_caching,
     caching.chunked_prefill,

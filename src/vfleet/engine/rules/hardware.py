@@ -4,7 +4,8 @@ environment, threads, compile caches, the SM75 plugin and its draft vocabulary).
 from __future__ import annotations
 
 from vfleet.config.schema import HostVars
-from vfleet.engine.decisions import DraftVocabBuild
+from vfleet.engine.decisions import DraftPrune, DraftVocabBuild
+from vfleet.engine.draft_prune import BANDWIDTH, PAYS_MARGIN_US, cost, plugin_k, rows_pruned
 from vfleet.engine.rules.core import (
     COMMUNITY,
     FIELD_NOTES,
@@ -304,10 +305,6 @@ def threads(c: Ctx) -> None:
 DRAFT_VOCAB_FILE = "draft-vocab.json"
 
 
-# Seed 000's table size (65,536 of Qwen3.x's 248,320 rows); half of a smaller vocabulary.
-DRAFT_VOCAB_TOP = 65536
-
-
 def plugin_state_file(host: HostVars, instance: str) -> str:
     """Where the SM75 plugin writes its runtime decision (the sidecar and the doctor read it)."""
     return f"{host.instance_dir(instance)}/state/plugin-features.json"
@@ -359,40 +356,103 @@ def caches(c: Ctx) -> None:
 READER_SPIN_S = "0.1"
 
 
-@rule("plugin", SEED_BOOST, "enable the vfleet SM75 plugin where the stack carries it")
+@rule(
+    "plugin",
+    SEED_BOOST + "; docs/GPU.md (section 7: the draft head measured on the H200)",
+    "enable the vfleet SM75 plugin where the stack carries it; draft-prune where it pays",
+)
 def plugin(c: Ctx) -> None:
     asked = [
-        k for k in ("draft_vocab_corpus", "draft_vocab_file", "draft_vocab_top") if getattr(c.s, k)
+        k
+        for k in ("draft_vocab_corpus", "draft_vocab_file", "draft_vocab_top")
+        if getattr(c.s, k) is not None
     ]
     if asked and not c.stack.plugin:
         c.refuse(
             f"{', '.join(asked)}: stack {c.stack_name} does not carry the SM75 plugin",
             "drop them, or pick a stack with plugin: (vfleet profiles)",
         )
-    if c.stack.plugin:
+    if not c.stack.plugin:
+        if c.s.draft_prune:  # a profile's default too (cpu's other stack): said, not refused
+            c.info(f"draft_prune=true: stack {c.stack_name} carries no plugin to prune with")
+        return
+    prune, why = _draft_prune(c)
+    if prune:
         c.setenv(
             "VFLEET_SM75",
             "auto",
-            "plugin features turn themselves on when their "
-            "conditions hold and log why not otherwise (VFLEET_SM75=off to disable)",
+            "plugin features turn themselves on when their conditions hold and log why not "
+            f"otherwise (VFLEET_SM75=off to disable); draft-prune on {why}",
         )
+    else:
+        # The plugin's own feature names (its settings module: one definition of them).
+        from vfleet_sm75.settings import FEATURES
+
         c.setenv(
-            "VFLEET_SM75_STATE",
-            plugin_state_file(c.host, c.instance),
-            "the plugin writes which features are on and why there; the sidecar's "
-            "plugin_features label and vfleet doctor report it",
+            "VFLEET_SM75",
+            ",".join(f for f in FEATURES if f != "draft-prune"),
+            "every plugin feature but draft-prune, each on when its conditions hold (the "
+            f"plugin logs why not; VFLEET_SM75=off to disable); draft-prune off: {why}",
         )
-        if c.is_cpu:
-            c.setenv(
-                "VFLEET_SM75_SPIN_S",
-                READER_SPIN_S,
-                "the plugin's reader-spin: vLLM's queue readers busy-poll 1 s after every read, "
-                "so at one request a second a CPU worker spun a whole core (98 %, 7 % at 0.01 s) "
-                "that the box's compute needs; decode unchanged (docs/BENCHMARKS.md, \"The "
-                "reader's spin\"). Not set on GPUs: not measured there",
-                FIELD_NOTES,
-            )
+    c.setenv(
+        "VFLEET_SM75_STATE",
+        plugin_state_file(c.host, c.instance),
+        "the plugin writes which features are on and why there; the sidecar's "
+        "plugin_features label and vfleet doctor report it",
+    )
+    if c.is_cpu:
+        c.setenv(
+            "VFLEET_SM75_SPIN_S",
+            READER_SPIN_S,
+            "the plugin's reader-spin: vLLM's queue readers busy-poll 1 s after every read, "
+            "so at one request a second a CPU worker spun a whole core (98 %, 7 % at 0.01 s) "
+            "that the box's compute needs; decode unchanged (docs/BENCHMARKS.md, \"The "
+            "reader's spin\"). Not set on GPUs: not measured there",
+            FIELD_NOTES,
+        )
+    if prune:
         _draft_vocab(c)
+
+
+def _draft_prune(c: Ctx) -> tuple[bool, str]:
+    """Draft-prune on or off, and why: the `draft_prune` setting, a `draft_vocab_*` setting
+    (naming its table asks for it), or else its cost model (vfleet.engine.draft_prune): on
+    where the LM head rows it skips save at least PAYS_MARGIN_US per draft call beyond its
+    fixed cost at the card's memory bandwidth. Only an MTP drafter drafts through it."""
+    if c.d.spec_method != "mtp":
+        return False, f"no MTP drafter to prune (speculative decoding: {c.d.spec_method})"
+    arch = c.model.arch
+    k = c.s.draft_vocab_top or plugin_k(arch.vocab_size)
+    card = c.profile.accelerator.gpu_model or ""
+    bw = BANDWIDTH.get(card)
+    model = cost(arch.vocab_size, arch.hidden_size, k, c.d.tp, bw) if bw else None
+    figures = (
+        model.summary(c.d.spec_k)
+        if model
+        else f"no memory-bandwidth figure for {'a CPU' if c.is_cpu else repr(card)} "
+        "(vfleet.engine.draft_prune.BANDWIDTH)"
+    )
+    table = [
+        k for k in ("draft_vocab_corpus", "draft_vocab_file", "draft_vocab_top") if getattr(c.s, k)
+    ]
+    if c.s.draft_prune is False and table:
+        c.refuse(
+            f"{', '.join(table)} set draft-prune's table, and draft_prune=false turns it off",
+            "drop one or the other",
+        )
+    if c.s.draft_prune is not None:
+        on, why = c.s.draft_prune, f"by draft_prune={str(c.s.draft_prune).lower()}"
+    elif table:
+        on, why = True, f"by {', '.join(table)}, which names its table"
+    else:
+        on = bool(model and model.pays)
+        why = (
+            f"by its cost model, which asks {PAYS_MARGIN_US:.0f} us a call (draft_prune=true "
+            "or false to choose)"
+        )
+    if on:
+        c.d.draft_prune = DraftPrune(k, rows_pruned(k, c.d.tp))
+    return on, f"{why}: {figures}"
 
 
 def _draft_vocab(c: Ctx) -> None:
@@ -402,7 +462,7 @@ def _draft_vocab(c: Ctx) -> None:
     key = "VFLEET_SM75_DRAFT_VOCAB"
     built = f"{c.host.instance_dir(c.instance)}/state/{DRAFT_VOCAB_FILE}"
     vocab = c.model.arch.vocab_size
-    top = c.s.draft_vocab_top or min(DRAFT_VOCAB_TOP, vocab // 2)
+    top = c.s.draft_vocab_top or plugin_k(vocab)
     if c.s.draft_vocab_file:
         c.setenv(key, c.s.draft_vocab_file, "the operator's table (draft_vocab_file)")
     elif c.s.draft_vocab_corpus:

@@ -100,6 +100,25 @@ FULL_GRAPHS = Claim(
     "H200 has run it (1.30-1.75x single-stream decode, docs/GPU.md section 11), no GPU of this "
     "kind",
 )
+DRAFT_PRUNE_DEFAULT = Claim(
+    "draft-prune's default",
+    Level.MAKE_TEST,
+    "rule plugin turns draft-prune on where its cost model says it pays: the 27B head's skipped "
+    "rows save 1,509 us a draft call at the 2080 Ti's datasheet 616 GB/s (TP 2), past the 100 "
+    "us margin over the 10.2 us fixed cost measured on the H200; the mid (98.7 us) and tiny "
+    "models stay off; the plan counts the pruned head's copy (32,768 rows x 5,120 x 2 B a GPU, "
+    "+0.62 GiB logged at TP 1 on the H200). The speed-up itself is not shown on any GPU: seed "
+    "000 saw 69 -> 107 tok/s on 2x 2080 Ti, the H200 pairs were slower (docs/GPU.md sections "
+    "7 and 9)",
+    (
+        "tests/unit/test_draft_prune.py::"
+        "test_the_rule_turns_it_on_for_the_27b_preset_and_the_plan_counts_its_copy",
+        "tests/unit/test_draft_prune.py::"
+        "test_the_rule_leaves_it_off_where_it_does_not_pay_with_every_other_feature",
+        "tests/unit/test_draft_head_model.py::"
+        "test_the_products_fixed_cost_and_h200_bandwidth_are_the_measured_ones",
+    ),
+)
 NOT_RUN = Claim(
     "serves on its GPU",
     Level.UNVERIFIED,
@@ -388,6 +407,7 @@ RECORDS: tuple[StackRecord, ...] = (
             ),
             CORES_SPIN,
             FULL_GRAPHS,
+            DRAFT_PRUNE_DEFAULT,
             NOT_RUN,
         ),
     ),
@@ -414,6 +434,7 @@ RECORDS: tuple[StackRecord, ...] = (
             _kv("not checked for this stack (the planner's arithmetic is version-independent)"),
             CORES_SPIN,
             FULL_GRAPHS,
+            DRAFT_PRUNE_DEFAULT,
             NOT_RUN,
         ),
     ),

@@ -238,6 +238,15 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         status, server, body = _front(box.front, path, method)
         assert status == 404 and server.startswith("nginx"), (path, status, server)
         assert b"<center>nginx" in body, body[:200]  # nginx's own page: vLLM never saw it
+    # a is recorded while idle (drained, b serving) and admitted: `switch admit`. Its first
+    # switch away then keeps that reference instead of taking it while b's clients wait.
+    assert cli("balancer", "drain", lb, "a").rc == 0
+    r = cli("switch", "admit", lb, "a", "-i", inv)
+    assert r.rc == 0, r.out + r.err
+    assert "a admitted; recorded its greedy reply, MTP acceptance 1.000" in r.out, r.out
+    admitted = json.loads((box.lb / "switch.json").read_text())["replicas"]["a"]
+    assert admitted["state"] == "serving" and admitted["started"] > 0, admitted
+    assert set(admitted["took"]) == {"greedy_s", "probe_s"}, admitted
     # b becomes the standby: drained, recorded, asleep.
     assert cli("balancer", "drain", lb, "b").rc == 0
     r = cli("switch", "standby", lb, "b", "-i", inv, "--perf-gate")
@@ -270,7 +279,9 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         assert (_awake(box.ports["a"]), _awake(box.ports["b"])) == (0.0, 1.0)
         # Both sidecars export it: b was woken, a put to sleep.
         assert first["failed_at"] == "none" and first["notes"] == [], first
-        assert first["recorded"] == "taken", first  # a never slept: its reference is new
+        # a never slept, but `switch admit` took its reference on the same vLLM process
+        assert first["recorded"] == f"kept from {admitted['recorded']}", first
+        assert first["record_s"] is None, first
         seconds = _assert_last_switch(box, "b", "to", "switched", "none", {"switched": 1})
         assert seconds == pytest.approx(first["seconds"], abs=1e-6)
         _assert_last_switch(box, "a", "from", "switched", "none", {"switched": 1})

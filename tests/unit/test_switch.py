@@ -149,7 +149,7 @@ def test_bad_input_exits_2_and_changes_nothing(
 
 
 def test_no_balancer_is_bad_input(cli: Callable[..., Result], tmp_path: Path) -> None:
-    for args in (("to", "--no-perf-gate"), ("standby",)):
+    for args in (("to", "--no-perf-gate"), ("standby",), ("admit",)):
         r = cli("switch", args[0], str(tmp_path / "none"), "b", *args[1:])
         assert r.rc == 2 and "no balancer here" in r.err, r.err
     assert not (tmp_path / "none").exists()
@@ -157,6 +157,22 @@ def test_no_balancer_is_bad_input(cli: Callable[..., Result], tmp_path: Path) ->
     assert r.rc == 2 and "--acceptance-tolerance" in r.err
     r = cli("switch", "to", str(tmp_path), "b", "--perf-tolerance", "speed=2")
     assert r.rc == 2 and "FIGURE=FRACTION" in r.err
+
+
+@pytest.mark.parametrize("command", ["standby", "admit"])
+def test_a_reference_is_taken_only_on_a_drained_replica(
+    cli: Callable[..., Result], tmp_path: Path, command: str
+) -> None:
+    """`standby` and `admit` record the engine idle: one that serves is refused (exit 2), with
+    no state written and the balancer as it was."""
+    lb = _balancer(tmp_path, {"a": False, "b": True})
+    before = (lb / "balancer.json").read_text()
+    r = cli("switch", command, str(lb), "a", "-i", str(tmp_path / "inv.yml"))
+    assert r.rc == 2 and "a is serving in this balancer" in r.err, r.err
+    assert "vfleet balancer drain" in r.err and "idle engine" in r.err and "Traceback" not in r.err
+    assert not (lb / "switch.json").exists() and (lb / "balancer.json").read_text() == before
+    r = cli("switch", command, str(lb), "a", "--perf-concurrency", "0")
+    assert r.rc == 2 and "--perf-concurrency" in r.err, r.err
 
 
 def test_the_state_file_is_read_whole_or_refused(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ served_model_name: one serves (admitted), the other is the standby (drained, asl
      standby, whose paused engine queues them (vLLM: "all pause modes queue new adds");
   2. nginx's old workers finish what they hold; the active's greedy reply and MTP acceptance
      (one probe request) are recorded on it, now drained, unless the reference it matched at
-     its last wake still holds (the same vLLM process, weights and engine arguments: kept, so
-     the other model's first token does not wait for two requests to this one); it is put to
-     sleep (`/sleep?level=L&mode=wait`: its in-flight ones finish);
+     its last wake, or that `switch admit` took before it served, still holds (the same vLLM
+     process, weights and engine arguments: kept, so the other model's first token does not
+     wait for two requests to this one); it is put to sleep (`/sleep?level=L&mode=wait`: its
+     in-flight ones finish);
   3. the standby is woken (`/wake_up`, until `/is_sleeping` is false): the queued requests run;
   4. the gates, on the woken engine: /health, a completion, the greedy reply against the one it
      gave before it slept, MTP acceptance after the wake against its own figure before it slept
@@ -52,7 +53,15 @@ from vfleet_healthcheck.vllm_metrics import families, parse
 
 from vfleet.config.apikey import read_api_key_file
 from vfleet.errors import VfleetError
-from vfleet.fleet.balancer import STATE, flip, load, locked, running_pid, workers_gone
+from vfleet.fleet.balancer import (
+    STATE,
+    flip,
+    load,
+    locked,
+    running_pid,
+    set_down,
+    workers_gone,
+)
 from vfleet.fleet.inventory import (
     api_key_file_arg,
     host_namespace,
@@ -107,6 +116,8 @@ examples:
   # once: box1-b (the other model, sleep_level set, deployed) is drained; record it and sleep it
   vfleet balancer drain /srv/vfleet-lb box1-b
   vfleet switch standby /srv/vfleet-lb box1-b -i inv.yml --perf-gate
+  # box1-a (drained, deployed, awake): record it while idle, then it serves
+  vfleet switch admit /srv/vfleet-lb box1-a -i inv.yml --perf-gate
   # then, any time: box1-b serves, box1-a sleeps; and back
   vfleet switch to /srv/vfleet-lb box1-b -i inv.yml
   vfleet switch to /srv/vfleet-lb box1-a -i inv.yml
@@ -383,11 +394,20 @@ def _record(
 ) -> dict[str, Any]:
     """What a replica gives before it sleeps: what it must give again after its wake. Taken
     now (on the drained engine) unless a kept reference still holds (`kept_reference`)."""
-    ref = kept or {
-        "greedy": {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": r.greedy()},
-        "acceptance": r.probe(),
-        "recorded": _now(),
-    }
+    if kept:
+        ref = kept
+    else:
+        t0 = time.monotonic()
+        text = r.greedy()
+        t1 = time.monotonic()
+        ref = {
+            "greedy": {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": text},
+            "acceptance": r.probe(),
+            "recorded": _now(),
+            # What taking it cost (the switch's clients wait for it): the next GPU run says
+            # which of the two requests a first switch's 1.85 s went to (docs/GPU.md section 11).
+            "took": {"greedy_s": round(t1 - t0, 3), "probe_s": round(time.monotonic() - t1, 3)},
+        }
     return {
         "state": "asleep",
         "level": r.level,
@@ -535,6 +555,7 @@ class Report:
     failed_at: str = hostrec.NO_FAILURE  # the step or gate that failed (hostrec.FAILED_AT)
     # The old engine's reference for its next wake: "taken" now, or "kept from TIME"
     recorded: str | None = None
+    record_s: float | None = None  # what taking it cost the switch (None: kept)
     # A level 2 wake: the plugin's drafter-reload record of it (sleepctl --plugin-state), or None
     drafter: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # a sidecar's record not written, and why
@@ -548,7 +569,8 @@ class Report:
                  (f"{self.to} awake", self.wake_s)]  # fmt: skip
         lines.append("  " + ", ".join(f"{n} {s:.2f} s" for n, s in steps if s is not None))
         if self.recorded:
-            lines.append(f"  {self.frm}'s reference for its next wake: {self.recorded}")
+            took = f" in {self.record_s:.2f} s" if self.record_s is not None else ""
+            lines.append(f"  {self.frm}'s reference for its next wake: {self.recorded}{took}")
         if self.drafter is not None:
             done = "reloaded" if self.drafter.get("reloaded") else "NOT reloaded"
             lines.append(f"  MTP drafter {done} at the wake: {self.drafter.get('detail')}")
@@ -655,7 +677,13 @@ def switch(
         old_rec = _record(old, was.get("perf"), started, kept)
         rep.recorded = f"kept from {kept['recorded'] or 'an earlier sleep'}" if kept else "taken"
         if not kept:
-            say(f"{old.host}: greedy reply and MTP acceptance recorded (none kept for its engine)")
+            took = old_rec["took"]
+            rep.record_s = round(took["greedy_s"] + took["probe_s"], 3)
+            say(
+                f"{old.host}: greedy reply ({took['greedy_s']:.2f} s) and MTP acceptance "
+                f"({took['probe_s']:.2f} s) recorded: none kept for its engine (`vfleet switch "
+                "admit` takes it before the engine serves)"
+            )
         step = SLEEP
         rep.sleep_s = float(old.ctl("sleep", str(old.level), "--mode", "wait",
                                     timeout=120)["seconds"])  # fmt: skip
@@ -843,56 +871,104 @@ def cmd_to(a: argparse.Namespace) -> int:
     return 0 if rep.outcome == "switched" else 1
 
 
-def cmd_standby(a: argparse.Namespace) -> int:
+def _take(a: argparse.Namespace, prefix: Path, then: str) -> tuple[Replica, dict[str, Any]] | None:
+    """A drained, awake replica's reference (greedy reply, MTP counters over the probe, its
+    bench with --perf-gate), taken on the idle engine; then `then`: "sleep" (standby) or
+    nothing (admit). None when the bench could not be measured (said)."""
+    lb = load(prefix)
+    row = next((r for r in lb["replicas"] if r["host"] == a.host), None)
+    if row is None or not row["down"]:
+        raise VfleetError(
+            f"{a.host} is {'not a replica' if row is None else 'serving'} in this balancer",
+            where=str(prefix / STATE),
+            fix=f"vfleet balancer drain {prefix} {a.host} first (another replica serves): "
+            "a reference is taken on an idle engine",
+        )
+    r = replica(a.inventory, a.host, a.api_key_file)
+    try:
+        if r.ctl("state", timeout=10)["is_sleeping"]:
+            # Its requests would wait in the paused engine's queue until they time out.
+            raise VfleetError(
+                f"{a.host} is asleep already",
+                where=f"inventory host {a.host}",
+                fix=f"vfleet switch show {prefix}; `switch to` wakes it",
+            )
+        _open(r)
+        perf = None
+        if a.perf_gate:
+            shape = default_shape(a.perf_concurrency)
+            try:
+                m = measure(r.url, r.served, shape, api_key=r.api_key)
+            except MeasureError as exc:
+                print(f"{a.host}: not measured: {exc}")
+                return None
+            perf = {"shape": asdict(shape), "figures": asdict(m.figures), "time": _now()}
+        rec = _record(r, perf, r.started())
+        if then == "sleep":
+            rec["slept_in_s"] = r.ctl("sleep", str(r.level), "--mode", "wait",
+                                      timeout=120)["seconds"]  # fmt: skip
+    finally:
+        _close(r)
+    return r, rec
+
+
+def _checked(a: argparse.Namespace) -> Path:
+    """Bad input of `standby` and `admit`, refused before the lock creates anything."""
     prefix = Path(a.dir).resolve()
     if a.perf_gate:
         require()
     if a.perf_concurrency < 1:
         raise VfleetError("must be 1 or more", key="--perf-concurrency", fix="e.g. 1")
-    load(prefix)  # no balancer there: refused before the lock creates anything
+    load(prefix)  # no balancer there
+    return prefix
+
+
+def _said(r: Replica, rec: dict[str, Any]) -> str:
+    acc = rec["acceptance"] or {}
+    return (
+        "recorded its greedy reply"
+        + (f", MTP acceptance {acc['accepted'] / acc['drafted']:.3f}" if acc.get("drafted") else "")
+        + (", its bench" if rec["perf"] else "")
+    )
+
+
+def cmd_standby(a: argparse.Namespace) -> int:
+    prefix = _checked(a)
     with locked(prefix / ".switch"):
-        lb = load(prefix)
-        row = next((r for r in lb["replicas"] if r["host"] == a.host), None)
-        if row is None or not row["down"]:
-            raise VfleetError(
-                f"{a.host} is {'not a replica' if row is None else 'serving'} in this balancer",
-                where=str(prefix / STATE),
-                fix=f"vfleet balancer drain {prefix} {a.host} first (another replica serves)",
-            )
-        r = replica(a.inventory, a.host, a.api_key_file)
         try:
-            if r.ctl("state", timeout=10)["is_sleeping"]:
-                # Its requests would wait in the paused engine's queue until they time out.
-                raise VfleetError(
-                    f"{a.host} is asleep already",
-                    where=f"inventory host {a.host}",
-                    fix=f"vfleet switch show {prefix}; `switch to` wakes it",
-                )
-            _open(r)
-            perf = None
-            if a.perf_gate:
-                shape = default_shape(a.perf_concurrency)
-                try:
-                    m = measure(r.url, r.served, shape, api_key=r.api_key)
-                except MeasureError as exc:
-                    print(f"{a.host}: not measured: {exc}")
-                    return 1
-                perf = {"shape": asdict(shape), "figures": asdict(m.figures), "time": _now()}
-            rec = _record(r, perf, r.started())
-            took = r.ctl("sleep", str(r.level), "--mode", "wait", timeout=120)["seconds"]
+            taken = _take(a, prefix, "sleep")
         except StepFailed as exc:
             print(f"{a.host}: {exc}")
             return 1
-        finally:
-            _close(r)
+        if taken is None:
+            return 1
+        r, rec = taken
+        took = rec.pop("slept_in_s")
         state = read_state(prefix)
         state["replicas"][a.host] = rec
         write_state(prefix, state)
-    acc = rec["acceptance"] or {}
-    print(f"{a.host} asleep at level {r.level} ({took:.2f} s); recorded its greedy reply"
-          + (f", MTP acceptance {acc['accepted'] / acc['drafted']:.3f}" if acc.get("drafted")
-             else "")
-          + (", its bench" if perf else ""))  # fmt: skip
+    print(f"{a.host} asleep at level {r.level} ({took:.2f} s); {_said(r, rec)}")
+    return 0
+
+
+def cmd_admit(a: argparse.Namespace) -> int:
+    prefix = _checked(a)
+    with locked(prefix / ".switch"):
+        try:
+            taken = _take(a, prefix, "admit")
+        except StepFailed as exc:
+            print(f"{a.host}: {exc}")
+            return 1
+        if taken is None:
+            return 1
+        r, rec = taken
+        state = read_state(prefix)
+        # It serves from now on: the reference holds until its vLLM restarts (kept_reference),
+        # so its first switch away does not take it while the other model's clients wait.
+        state["replicas"][a.host] = {**rec, "state": "serving"}
+        write_state(prefix, state)
+        set_down(prefix, a.host, False)
+    print(f"{a.host} admitted; {_said(r, rec)} for its first switch away")
     return 0
 
 
@@ -949,7 +1025,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for c in (to, sb):
+    ad = ss.add_parser(
+        "admit",
+        help="record a drained replica's greedy reply, MTP counters (and bench) while it is "
+        "idle, then admit it: its first switch away keeps them",
+        description="Admit a drained, awake replica to the balancer after recording its "
+        "reference on the idle engine. A switch away from an engine whose reference was never "
+        "taken takes it then, while the other model's clients wait (1.85 s of a 3.72 s first "
+        "switch on the H200, docs/GPU.md section 11); taken here, it is kept until that "
+        "engine's vLLM restarts.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for c in (to, sb, ad):
         c.add_argument("dir", metavar="DIR", help="the `vfleet balancer` folder of the pair")
         c.add_argument("host", metavar="HOST", help="the inventory host of that instance")
         inventory_arg(c)
@@ -980,15 +1068,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     to.add_argument("--json", action="store_true", help="the report as JSON (progress on stderr)")
     to.set_defaults(fn=cmd_to)
-    sb.add_argument(
-        "--perf-gate",
-        action="store_true",
-        help="bench it first (`vfleet perf-gate`'s short bench): each wake is then compared "
-        "with it",
-    )
-    sb.add_argument("--perf-concurrency", type=int, default=1, metavar="N",
-                    help="the bench's concurrency (default %(default)s)")  # fmt: skip
+    for c in (sb, ad):
+        c.add_argument(
+            "--perf-gate",
+            action="store_true",
+            help="bench it first (`vfleet perf-gate`'s short bench): each wake is then "
+            "compared with it",
+        )
+        c.add_argument("--perf-concurrency", type=int, default=1, metavar="N",
+                       help="the bench's concurrency (default %(default)s)")  # fmt: skip
     sb.set_defaults(fn=cmd_standby)
+    ad.set_defaults(fn=cmd_admit)
     sh = ss.add_parser("show", help="which replica serves, which sleeps, the last switch")
     sh.add_argument("dir", metavar="DIR")
     sh.add_argument("--json", action="store_true")

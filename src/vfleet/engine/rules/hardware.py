@@ -385,8 +385,14 @@ def plugin(c: Ctx) -> None:
             f"otherwise (VFLEET_SM75=off to disable); draft-prune on {why}",
         )
     else:
-        # The plugin's own feature names (its settings module: one definition of them).
-        from vfleet_sm75.settings import FEATURES
+        try:  # the plugin's own feature names (its settings module: one definition of them)
+            from vfleet_sm75.settings import FEATURES
+        except ImportError:
+            c.refuse(
+                f"stack {c.stack_name} carries the SM75 plugin, and the vfleet-sm75 package "
+                "(plugin/) is not installed beside vfleet to name its features",
+                "make venv (installs ./plugin), or pip install -e ./plugin",
+            )
 
         c.setenv(
             "VFLEET_SM75",

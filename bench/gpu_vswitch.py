@@ -9,8 +9,9 @@ tiny-hybrid-mtp on port 8001, instance `b`: mid-hybrid-mtp on port 8002, both se
 plugin's drafter-reload on: `extra_env.VFLEET_SM75=drafter-reload`), each release rendered by the
 inventory's plan (`host_plan`, as `make deploy` plans it and as tests/integration/test_switch.py
 lays it out), started by its own launch.sh; `vfleet balancer render --replica-header` +
-`start` (nginx) as the front; `vfleet balancer drain b`, `vfleet switch standby b --perf-gate`,
-then a sequence of `vfleet switch to` under a bounded load through the front:
+`start` (nginx) as the front; `vfleet balancer drain a`, `vfleet switch admit a` (its reference
+on the idle engine), `vfleet balancer drain b`, `vfleet switch standby b --perf-gate`, then a
+sequence of `vfleet switch to` under a bounded load through the front:
 
   S1 a->b   a sleeps at level 1, b woken from level 1
   S2 b->a   b sleeps at level 1, a woken from level 1
@@ -34,7 +35,7 @@ requests in the switch's window and those that failed, the first token a load re
 the other engine after the command started, GPU and host memory per engine after it.
 
   up      build the models, render, start a, then b (while a answers its first request), both
-          warmed (the first request, then the greedy prompts), nginx, drain b, standby b
+          warmed (the first request, then the greedy prompts), nginx, admit a, standby b
   switch  the sequence above under load
   down    stop nginx and both engines
   report  RESULT.json -> markdown
@@ -377,6 +378,12 @@ def cmd_up(a: argparse.Namespace) -> int:
                                        "--dir", str(lb), "--listen", f"127.0.0.1:{FRONT_PORT}",
                                        "--replica-header")  # fmt: skip
     result["balancer_start"] = vfleet(a.pythonpath, "balancer", "start", str(lb))
+    # a's reference on its idle engine before it serves (b serves meanwhile, both awake and
+    # not loaded yet), so the first switch keeps it instead of taking it while b's first
+    # clients wait (1.85 s of the eleventh run's 3.72 s first switch, docs/GPU.md section 11).
+    result["drain_a"] = vfleet(a.pythonpath, "balancer", "drain", str(lb), "a")
+    result["admit_a"] = vfleet(a.pythonpath, "switch", "admit", str(lb), "a", "-i", inv,
+                               timeout=300)  # fmt: skip
     result["drain_b"] = vfleet(a.pythonpath, "balancer", "drain", str(lb), "b")
     result["standby_b"] = vfleet(a.pythonpath, "switch", "standby", str(lb), "b", "-i", inv,
                                  "--perf-gate", timeout=300)  # fmt: skip
@@ -386,8 +393,8 @@ def cmd_up(a: argparse.Namespace) -> int:
     save(base, engs, {})
     result["seconds"] = round(time.monotonic() - t_all, 1)
     gs.write(out, "up.json", result)
-    ok = all(result[k]["rc"] == 0 for k in ("balancer_render", "balancer_start", "drain_b",
-                                            "standby_b"))  # fmt: skip
+    ok = all(result[k]["rc"] == 0 for k in ("balancer_render", "balancer_start", "drain_a",
+                                            "admit_a", "drain_b", "standby_b"))  # fmt: skip
     print(f"up in {result['seconds']} s, front ok: {ok}", flush=True)
     return 0 if ok else 1
 

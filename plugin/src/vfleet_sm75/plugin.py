@@ -74,6 +74,14 @@ def _register() -> None:
 
                 assert facts.spin_s is not None
                 reader_spin.install(facts.spin_s)
+            elif d.feature == "cpu-expand":
+                from . import cpu_expand
+
+                cpu_expand.install()
+            elif d.feature == "cpu-gdn-indices":
+                from . import cpu_gdn
+
+                cpu_gdn.install()
         except Exception as exc:  # a hook that cannot be installed leaves vLLM stock
             d.active, d.reason = False, f"hook failed: {exc!r}"
     log(logging.INFO, decide.summary(decisions, facts.vllm_version))

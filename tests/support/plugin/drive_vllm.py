@@ -1,9 +1,11 @@
 """Run a real vLLM (offline, in one process) over chat prompts and record what the tests compare.
 
 Run with a vLLM virtualenv's python: ``python drive_vllm.py MODEL_DIR OUT.json PROMPTS.json``.
-Records the generated token ids and text (greedy), every draft token id the proposer returned
-(the proposer's public ``propose`` is wrapped here, independently of the plugin), the spec-decode
-counters from vLLM's own metrics. The caller keeps the process output (the plugin's log).
+Records the generated token ids and text (greedy; with DRIVE_SAMPLED also the texts of the
+same prompts sampled at temperature 0.01, top_p 0.95, top_k 20), every draft token id the
+proposer returned (the proposer's public ``propose`` is wrapped here, independently of the
+plugin), the spec-decode counters from vLLM's own metrics. The caller keeps the process output
+(the plugin's log).
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def main() -> None:
     outputs = llm.chat(
         messages, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False
     )
+    sampled: list[str] | None = None
+    if os.environ.get("DRIVE_SAMPLED"):
+        # Sampled as users send it, at a temperature so low that the reply must be the greedy
+        # one: every draft position takes its request's temperature, top_p and top_k through
+        # the rejection sampler's expand (cpu-expand's subject).
+        params = SamplingParams(temperature=0.01, top_p=0.95, top_k=20, max_tokens=max_tokens)
+        sampled = [o.outputs[0].text for o in llm.chat(messages, params, use_tqdm=False)]
     counters: dict[str, float] = {}
     for metric in llm.get_metrics():
         if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value"):
@@ -57,6 +66,7 @@ def main() -> None:
         "texts": [o.outputs[0].text for o in outputs],
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "drafts": drafts,
+        "sampled_texts": sampled,
         "spec_decode": counters,
         "proposer_greedy": getattr(SpecDecodeBaseProposer._greedy_sample, "__module__", ""),
     }

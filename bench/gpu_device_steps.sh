@@ -47,6 +47,12 @@
 #             (nomtp-piecewise, nomtp-full: greedy replies compared), then MTP 3 with TRITON_ATTN
 #             and full decode graphs (mtp-triton-full) against its FlashInfer PIECEWISE default
 #             (plugin-off); each skipped when the time left is under what it needs (default 700)
+#   variants MODEL [SECONDS]
+#             issue 31 item 1 on a preset at its own size (dummy weights, DEBUG): the other
+#             configurations per preset (real-32k, real-seqs-8, real-mtp1) and the a100-32g
+#             profile's render with its planned KV pool (a100-emulated; qwen3.8-27b-awq-mtp and
+#             qwen3.6-27b-awq-int4 fit an A100 32 GB, fp8 does not), one lane run each, each
+#             skipped when the time left is under what it needs (default 700)
 #   switchgraphs SECONDS [UP ARGS]
 #             vswitch (UP ARGS to `up`: the tenth run's `--plugin-b off` is the hook-off control
 #             inside `vfleet switch`), at most 720 s, then graphs qwen3.6-27b-awq-int4 with what
@@ -271,6 +277,26 @@ graphs)
             --start-timeout "$((left < 900 ? left : 900))" || echo "lane run graphs $cfg: exit $?"
     done
     echo "== graphs done $(date -u +%H:%M:%S)"
+    ;;
+variants)
+    model=${2:?variants MODEL [SECONDS]}
+    secs=${3:-700}
+    end=$(($(date +%s) + secs))
+    # one lane run per configuration (a window, a batch or a depth is part of the compile key)
+    for pair in real-32k:330 real-seqs-8:170 real-mtp1:170 a100-emulated:200; do
+        cfg=${pair%%:*} need=${pair##*:}
+        left=$((end - $(date +%s)))
+        if [ "$left" -lt "$need" ]; then
+            echo "== variants $cfg: skipped, $left s left of $secs, it needs $need"
+            continue
+        fi
+        echo "== variants $cfg: $model ($left s left) $(date -u +%H:%M:%S)"
+        timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
+            --out "$OUT/variants-$cfg" --model "$model" --dummy-weights \
+            --model-dir ~/models/"$model" --only "$cfg" --repeats 3 --pythonpath $SITE \
+            --start-timeout "$((left < 900 ? left : 900))" || echo "lane run variants $cfg: exit $?"
+    done
+    echo "== variants done $(date -u +%H:%M:%S)"
     ;;
 switchgraphs)
     secs=${2:?switchgraphs SECONDS [UP ARGS]}

@@ -81,6 +81,9 @@ class LaneConfig:
     # Build that vocabulary over the plugin's default corpus plus the greedy replies of the
     # configurations run before this one (the model's own text: a table that covers it).
     vocab_from_replies: bool = False
+    # Another hardware profile whose render of the model this configuration serves on this
+    # card, with that card's KV budget as its plan leaves it (emulated_sets).
+    emulate: str | None = None
 
 
 ROLES = ("first-request", "probe", "greedy", "sidecar", "bench", "sleep", "restart", "decode")
@@ -175,6 +178,36 @@ MATRIX: tuple[LaneConfig, ...] = (
         ("speculative.method=none",),
         ("first-request", "decode"),
         "MTP off: single-stream decode without speculation (against the HBM roofline: `report`)",
+    ),
+    # Issue 31 item 1: other configurations per preset, at DEBUG (every term in the log), each
+    # one setting away from `real`; and the A100 profile's own render with its card emulated.
+    LaneConfig(
+        "real-32k",
+        ("max_model_len=32768",),
+        ("first-request", "decode"),
+        "real with a 32K window instead of the profile's 256K (KV tokens, graph sizes unchanged)",
+    ),
+    LaneConfig(
+        "real-seqs-8",
+        ("max_num_seqs=8",),
+        ("first-request",),
+        "real with 8 sequences: capture sizes up to 16, the activation and graph terms grow",
+    ),
+    LaneConfig(
+        "real-mtp1",
+        ("speculative.num_speculative_tokens=1",),
+        ("first-request", "decode"),
+        "real with MTP 1: a step verifies 2 tokens, one draft pass (the cost model's depth 1)",
+    ),
+    LaneConfig(
+        "a100-emulated",
+        (),
+        ("first-request", "decode"),
+        "the a100-32g profile's own render of the model (its window, sequences, batch, KV "
+        "dtype, backend, MTP depth) on this card, with the KV bytes its plan leaves on a 32 GB "
+        "A100 as kv_cache_memory_bytes: the A100's KV pool at its real size, its page math "
+        "and its decode (the other terms are this card's)",
+        emulate="a100-32g",
     ),
     # Issue 31 item 5: the render's choices that move single-stream decode, at INFO (vLLM logs
     # two DEBUG lines per step), each against PIECEWISE (rule `cudagraphs`' default with MTP; its
@@ -976,6 +1009,41 @@ def draft_vocab_sets(host: Host, replies: str | None = None) -> tuple[list[str],
     return sets, info
 
 
+# The rendered vLLM arguments a profile's render carries over to the card it is emulated on,
+# as the settings that render them (the rest is the serving card's own: its backend support,
+# graph mode, memory terms).
+EMULATED_ARGS = {
+    "max-model-len": "max_model_len",
+    "max-num-seqs": "max_num_seqs",
+    "max-num-batched-tokens": "max_num_batched_tokens",
+    "kv-cache-dtype": "kv_cache_dtype",
+    "attention-backend": "attention_backend",
+}
+
+
+def emulated_sets(profile: str, model: str) -> list[str]:
+    """Settings that serve `profile`'s render of `model` here with that card's KV pool:
+    its window, sequences, batch, KV dtype, backend and MTP depth as rendered there, and
+    kv_cache_memory_bytes = the KV bytes its plan leaves per GPU on its own card (how the
+    planner plans that card: vLLM takes the KV pool as given and skips its own sizing)."""
+    sys.path[:0] = [str(REPO / "src")]
+    from vfleet.engine.compile import resolve
+    from vfleet.engine.planner import plan_launch
+
+    launch = resolve(profile, model)
+    plan = plan_launch(launch)
+    if plan.gpu is None or plan.gpu.kv_bytes <= 0 or not plan.fits:
+        raise SystemExit(f"error: {profile} x {model} does not fit its card: {plan.problems}")
+    args = {e.key: e.value for e in launch.args}
+    sets = [f"{name}={args[key]}" for key, name in EMULATED_ARGS.items() if key in args]
+    spec = args.get("speculative-config")
+    depth = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+    sets.append(
+        f"speculative.num_speculative_tokens={depth}" if depth else "speculative.method=none"
+    )
+    return [*sets, f"kv_cache_memory_bytes={plan.gpu.kv_bytes}"]
+
+
 def serve_one(
     host: Host,
     cfg: LaneConfig,
@@ -996,6 +1064,8 @@ def serve_one(
         extra, vocab_info = draft_vocab_sets(host, replies)
     elif cfg.draft_prune:
         extra, vocab_info = draft_vocab_sets(host)
+    if cfg.emulate:
+        extra = [*extra, *emulated_sets(cfg.emulate, host.model)]
     rel = render(host, cfg, extra)
     # a configuration named twice in --only (interleaved runs) keeps each start's log
     log = logdir / f"{cfg.name}.log"

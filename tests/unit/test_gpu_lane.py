@@ -179,7 +179,16 @@ def test_matrix_renders_on_the_h200_profile_and_varies_every_term() -> None:
     seen: dict[str, set[object]] = {}
     for cfg in lane.MATRIX:
         assert set(cfg.roles) <= set(lane.ROLES)
-        v = resolve("h200-141g", "tiny-hybrid-mtp", sets=[*lane.BASE_SETS, *cfg.sets])
+        if cfg.emulate:  # its own test below
+            continue
+        # A window past the tiny model's 4096 is a real-scale configuration: a 27B preset's.
+        big = any(x.startswith("max_model_len=") for x in cfg.sets)
+        model, base = (
+            ("qwen3.6-27b-awq-int4", lane.DUMMY_SETS)
+            if big
+            else ("tiny-hybrid-mtp", lane.BASE_SETS)
+        )
+        v = resolve("h200-141g", model, sets=[*base, *cfg.sets])
         vals = v.config_values()
         spec = vals.get("speculative-config") or {}
         for key, value in (
@@ -845,3 +854,26 @@ def test_chat_requests_wait_as_long_as_a_cold_first_request(
     assert lane.chat("m", "p", 8)["ok"] and lane.chat("m", "p", 8, stream=True)["ok"]
     # one timeout for both paths: the greedy replies (not streamed) and the first request
     assert seen == [lane.REQUEST_TIMEOUT_S] * 2 == [300, 300]
+
+
+def test_the_a100_emulation_serves_its_render_with_its_planned_kv_pool() -> None:
+    """a100-emulated: the a100-32g profile's render of the 27B MTP preset, served as the H200
+    profile renders those settings, with the KV bytes the A100's plan leaves: the pool (and so
+    the KV tokens) is the A100's, the page math this card's vLLM's."""
+    from vfleet.engine.planner import plan_launch
+
+    model = "qwen3.8-27b-awq-mtp"
+    sets = lane.emulated_sets("a100-32g", model)
+    a100 = plan_launch(resolve("a100-32g", model))
+    assert a100.gpu is not None and f"kv_cache_memory_bytes={a100.gpu.kv_bytes}" in sets
+    assert "max_model_len=262144" in sets and "max_num_seqs=1" in sets
+    assert "speculative.num_speculative_tokens=3" in sets
+    here = resolve("h200-141g", model, sets=[*lane.DUMMY_SETS, *lane.MULTIMODAL_DUMMY_SETS, *sets])
+    args = {e.key: e.value for e in here.args}
+    assert args["kv-cache-memory-bytes"] == a100.gpu.kv_bytes
+    assert (args["max-model-len"], args["max-num-seqs"]) == (262_144, 1)
+    assert plan_launch(here).kv.kv_cache_tokens == a100.kv.kv_cache_tokens
+    cfg = {c.name: c for c in lane.MATRIX}["a100-emulated"]
+    assert cfg.emulate == "a100-32g"
+    with pytest.raises(SystemExit, match="does not fit its card"):
+        lane.emulated_sets("a100-32g", "qwen3.6-27b-fp8")  # 29.4 GiB of weights on 32 GB

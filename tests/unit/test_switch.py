@@ -171,6 +171,7 @@ def test_a_reference_is_taken_only_on_a_drained_replica(
     assert r.rc == 2 and "a is serving in this balancer" in r.err, r.err
     assert "vfleet balancer drain" in r.err and "idle engine" in r.err and "Traceback" not in r.err
     assert not (lb / "switch.json").exists() and (lb / "balancer.json").read_text() == before
+    assert sorted(p.name for p in lb.iterdir()) == ["balancer.json"]  # no lock either
     r = cli("switch", command, str(lb), "a", "--perf-concurrency", "0")
     assert r.rc == 2 and "--perf-concurrency" in r.err, r.err
 

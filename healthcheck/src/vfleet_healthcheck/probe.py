@@ -151,13 +151,32 @@ def check_models(t: Target) -> tuple[bool, str]:
     return False, f"{t.model} not in {ids}"
 
 
-def complete(t: Target, prompt: str, max_tokens: int) -> dict[str, Any]:
+# What a warmup step may ask a sampled request for (the warmup plan's "sampling").
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
+def sampling_of(step: dict[str, Any]) -> dict[str, float]:
+    """A warmup step's sampling parameters, checked: numbers under known names only."""
+    raw = step.get("sampling") or {}
+    if not isinstance(raw, dict) or any(
+        k not in SAMPLING_KEYS or isinstance(v, bool) or not isinstance(v, int | float)
+        for k, v in raw.items()
+    ):
+        raise ProbeError(f"warmup step sampling {raw!r}: numbers for {', '.join(SAMPLING_KEYS)}")
+    return dict(raw)
+
+
+def complete(
+    t: Target, prompt: str, max_tokens: int, sampling: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """One chat completion: greedy (temperature 0), or sampled with `sampling`."""
     body = {
         "model": t.model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "chat_template_kwargs": {"enable_thinking": False},
+        **(sampling or {}),
     }
     status, raw = _request(t, "/v1/chat/completions", body)
     if status != 200:
@@ -282,9 +301,12 @@ def run_warmup(t: Target, progress: bool = True) -> tuple[bool, str]:
         prompt_tokens = int(step.get("prompt_tokens", 8))
         max_tokens = int(step.get("max_tokens", 8))
         prompts = [warmup_prompt(prompt_tokens, per_filler, n + j) for j in range(width)]
+        # The first `sampled` requests sample (the sampler's other path), the rest are greedy.
+        sampling = sampling_of(step)
+        kinds = [sampling if j < int(step.get("sampled", 0)) else None for j in range(width)]
         with ThreadPoolExecutor(max_workers=width) as pool:
             # list() re-raises the first failure: a warmup that cannot run is not warm.
-            list(pool.map(complete, [t] * width, prompts, [max_tokens] * width))
+            list(pool.map(complete, [t] * width, prompts, [max_tokens] * width, kinds))
         n += width
         if progress:
             why = step.get("why", f"{width} x {prompt_tokens} tokens")

@@ -105,8 +105,9 @@ DRAFT_PRUNE_DEFAULT = Claim(
     Level.MAKE_TEST,
     "rule plugin turns draft-prune on where its cost model says it pays: the 27B head's skipped "
     "rows save 1,509 us a draft call at the 2080 Ti's datasheet 616 GB/s (TP 2), past the 100 "
-    "us margin over the 10.2 us fixed cost measured on the H200; the mid (98.7 us) and tiny "
-    "models stay off; the plan counts the pruned head's copy (32,768 rows x 5,120 x 2 B a GPU, "
+    "us margin over the 10.2 us fixed cost measured on the H200; the tiny model and the mid "
+    "one at TP 2 (98.7 us) stay off, and so does any render with sleep_level 2; the plan "
+    "counts the pruned head's copy (32,768 rows x 5,120 x 2 B a GPU, "
     "+0.62 GiB logged at TP 1 on the H200). The speed-up itself is not shown on any GPU: seed "
     "000 saw 69 -> 107 tok/s on 2x 2080 Ti, the H200 pairs were slower (docs/GPU.md sections "
     "7 and 9)",

@@ -27,7 +27,8 @@ FIXED_COST_US = 10.2
 # slower on the tiny, mid and 27B models (about 6 ms a step, cause not found: docs/GPU.md
 # sections 7 and 9), more than the fixed cost explains, so pruning is turned on only where the
 # model's saving is large beside it: ten times the fixed cost. The 27B vocabulary clears it on
-# every card below (430-1,509 us a call); the mid model (at most 99 us) and the tiny one do not.
+# every card below (430-1,509 us a call); the tiny model never does, the mid model only at TP 1
+# on a 2080 Ti (208 us; 98.7 at the 2x 2080 Ti profile's TP 2).
 PAYS_MARGIN_US = 100.0
 
 

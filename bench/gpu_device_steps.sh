@@ -75,6 +75,28 @@ OUT=${OUT:-out}
 SITE=~/site
 export PYTHONUNBUFFERED=1
 lane() { PYTHONPATH=$SITE python3 bench/gpu_lane.py "$@"; }
+# lane_each STEP MODEL SECONDS CONFIG:NEED...: one lane run per configuration on MODEL (dummy
+# weights), each skipped when fewer than NEED of SECONDS are left, each ended by `timeout` at the
+# deadline (the lane keeps what it measured and stops its server)
+lane_each() {
+    local step=$1 model=$2 secs=$3 end pair cfg need left
+    shift 3
+    end=$(($(date +%s) + secs))
+    for pair in "$@"; do
+        cfg=${pair%%:*} need=${pair##*:}
+        left=$((end - $(date +%s)))
+        if [ "$left" -lt "$need" ]; then
+            echo "== $step $cfg: skipped, $left s left of $secs, it needs $need"
+            continue
+        fi
+        echo "== $step $cfg: $model ($left s left) $(date -u +%H:%M:%S)"
+        timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
+            --out "$OUT/$step-$cfg" --model "$model" --dummy-weights \
+            --model-dir ~/models/"$model" --only "$cfg" --repeats 3 --pythonpath $SITE \
+            --start-timeout "$((left < 900 ? left : 900))" || echo "lane run $step $cfg: exit $?"
+    done
+    echo "== $step done $(date -u +%H:%M:%S)"
+}
 case "${1:?step}" in
 send)
     n=${2:-}
@@ -258,45 +280,15 @@ seed)
     echo "== seed done $(date -u +%H:%M:%S)"
     ;;
 graphs)
-    model=${2:?graphs MODEL [SECONDS]}
-    secs=${3:-700}
-    end=$(($(date +%s) + secs))
     # one lane run per configuration (each its own start: the graph mode and the backend are
     # part of vLLM's compile key), the first a cold start where the host has no 27B caches
-    for pair in nomtp-piecewise:330 nomtp-full:160 mtp-triton-full:200 plugin-off:170; do
-        cfg=${pair%%:*} need=${pair##*:}
-        left=$((end - $(date +%s)))
-        if [ "$left" -lt "$need" ]; then
-            echo "== graphs $cfg: skipped, $left s left of $secs, it needs $need"
-            continue
-        fi
-        echo "== graphs $cfg: $model ($left s left) $(date -u +%H:%M:%S)"
-        timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
-            --out "$OUT/graphs-$cfg" --model "$model" --dummy-weights \
-            --model-dir ~/models/"$model" --only "$cfg" --repeats 3 --pythonpath $SITE \
-            --start-timeout "$((left < 900 ? left : 900))" || echo "lane run graphs $cfg: exit $?"
-    done
-    echo "== graphs done $(date -u +%H:%M:%S)"
+    lane_each graphs "${2:?graphs MODEL [SECONDS]}" "${3:-700}" \
+        nomtp-piecewise:330 nomtp-full:160 mtp-triton-full:200 plugin-off:170
     ;;
 variants)
-    model=${2:?variants MODEL [SECONDS]}
-    secs=${3:-700}
-    end=$(($(date +%s) + secs))
     # one lane run per configuration (a window, a batch or a depth is part of the compile key)
-    for pair in real-32k:330 real-seqs-8:170 real-mtp1:170 a100-emulated:200; do
-        cfg=${pair%%:*} need=${pair##*:}
-        left=$((end - $(date +%s)))
-        if [ "$left" -lt "$need" ]; then
-            echo "== variants $cfg: skipped, $left s left of $secs, it needs $need"
-            continue
-        fi
-        echo "== variants $cfg: $model ($left s left) $(date -u +%H:%M:%S)"
-        timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
-            --out "$OUT/variants-$cfg" --model "$model" --dummy-weights \
-            --model-dir ~/models/"$model" --only "$cfg" --repeats 3 --pythonpath $SITE \
-            --start-timeout "$((left < 900 ? left : 900))" || echo "lane run variants $cfg: exit $?"
-    done
-    echo "== variants done $(date -u +%H:%M:%S)"
+    lane_each variants "${2:?variants MODEL [SECONDS]}" "${3:-700}" \
+        real-32k:330 real-seqs-8:170 real-mtp1:170 a100-emulated:200
     ;;
 switchgraphs)
     secs=${2:?switchgraphs SECONDS [UP ARGS]}

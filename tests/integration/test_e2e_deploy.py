@@ -356,7 +356,12 @@ def test_bench_against_the_deployment(
     assert result["completed"] and result["deployment"]["release"]["profile"] == "cpu"
     runs = result["runs"]
     assert [r["scenario"] for r in runs] == ["context"] * 4 + ["decode"]
-    assert all(r["completion_tokens"] == 96 and r["decode_tps"] > 0 for r in runs)
+    assert all(r["completion_tokens"] == 96 for r in runs)
+    # A stream whose deltas arrive in a burst has no decode speed (None, by design: the
+    # client's docstring); on two loaded cores one of five did (9645691's fresh-clone run,
+    # docs/BENCHMARKS.md). Where measured it is a speed; a bench that measured none is broken.
+    speeds = [r["decode_tps"] for r in runs if r["decode_tps"] is not None]
+    assert speeds and all(v > 0 for v in speeds), runs
     total = {k: sum(r["counters"][k] for r in runs) for k in runs[0]["counters"]}
     assert after["vfleet_spec_decode_acceptance_rate"] == pytest.approx(
         total["accepted_tokens"] / total["draft_tokens"]

@@ -369,3 +369,94 @@ def advise(
     if not rates or depth is None:
         return Advice("no_drafts", depth, table=table)
     return Advice("ok", depth, recommend(rates[:depth], depth, table), table)
+
+
+# --------------------------------------------------------------------------- the cost model
+
+#: Bounds on a stated memory bandwidth, GB/s (the hardware profile's schema uses the same).
+MIN_GBS, MAX_GBS = 0.001, 1e6
+#: Graph modes under which one more depth costs what the model says (docs/TUNE.md, "The cost
+#: model"): with full decode graphs the step is one replay. Under PIECEWISE the H200 paid
+#: 1.8-3.0x the model's cost per depth, so only the running depth and shallower ones are
+#: modelled there (a depth's cost is then taken off, never guessed on).
+FULL_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one decode step reads, per GPU, and what one more MTP depth adds (sidecar.json
+    ``decode_cost``, written by vfleet from vfleet.engine.decode_cost)."""
+
+    base_bytes: int  # a step without speculative decoding
+    per_depth_bytes: int  # one more depth: a draft call and the verify's extra state
+    target_layers: int
+    draft_layers: int
+    bandwidth_gbs: float
+    graph_mode: str
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> StepCost:
+        def bad(key: str, why: str) -> StepTimesError:
+            return StepTimesError(f"{where}: decode_cost.{key}: {why}")
+
+        if not isinstance(data, dict):
+            raise bad("(top)", "expected a JSON object")
+
+        def number(key: str, lo: float, hi: float, integer: bool) -> float:
+            v = data.get(key)
+            kinds = (int,) if integer else (int, float)
+            if isinstance(v, bool) or not isinstance(v, kinds) or not math.isfinite(v):
+                raise bad(key, f"expected a number, got {v!r}")
+            if not lo <= v <= hi:
+                raise bad(key, f"expected {lo:g}..{hi:g}, got {v!r}")
+            return float(v)
+
+        mode = data.get("graph_mode")
+        if not isinstance(mode, str) or not mode.replace("_", "").isalpha() or len(mode) > 32:
+            raise bad("graph_mode", f"expected a CUDA graph mode name, got {mode!r}")
+        return cls(
+            int(number("base_bytes", 1, 1e13, True)),
+            int(number("per_depth_bytes", 0, 1e13, True)),
+            int(number("target_layers", 1, 10_000, True)),
+            int(number("draft_layers", 0, 100, True)),
+            number("bandwidth_gbs", MIN_GBS, MAX_GBS, False),
+            mode,
+        )
+
+    def floor_s(self, depth: int) -> float:
+        """Seconds the step's bytes take at the card's bandwidth."""
+        return (self.base_bytes + depth * self.per_depth_bytes) / (self.bandwidth_gbs * 1e9)
+
+    def layers(self, depth: int) -> int:
+        return self.target_layers + depth * self.draft_layers
+
+    def per_layer_s(self, step_s: float, depth: int) -> float:
+        """What a measured step took beyond its floor, per layer it ran (never below 0)."""
+        return max(0.0, step_s - self.floor_s(depth)) / self.layers(depth)
+
+    def step_s(self, measured_s: float, measured_depth: int, depth: int) -> float:
+        """Depth ``depth``'s step modelled from one measured at ``measured_depth``."""
+        per_layer = self.per_layer_s(measured_s, measured_depth)
+        return self.floor_s(depth) + per_layer * self.layers(depth)
+
+    def depths(self, running: int, deepest: int) -> range:
+        """The depths modelled from a step at ``running``: all up to ``deepest`` with full
+        decode graphs; the running one and shallower ones otherwise (above)."""
+        if not self.draft_layers:
+            return range(0, 1)
+        top = deepest if self.graph_mode in FULL_GRAPH_MODES else running
+        return range(0, max(top, running) + 1)
+
+    def table(
+        self, measured_s: float, running: int, deepest: int = 5, concurrency: int = 1
+    ) -> StepTimes:
+        """A step-time table modelled from one measured step (the sidecar's live step)."""
+        steps = {d: self.step_s(measured_s, running, d) for d in self.depths(running, deepest)}
+        return StepTimes.measured(
+            steps,
+            method=(
+                f"modelled from the live step at MTP {running} ({measured_s * 1e3:.2f} ms): "
+                f"bytes at {self.bandwidth_gbs:g} GB/s plus the rest per layer"
+            ),
+            concurrency=concurrency,
+        )

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from vfleet.config.profiles import (
 )
 from vfleet.config.schema import HostVars, ModelPreset, ModelSource
 from vfleet.engine.compile import Launch, resolve
+from vfleet.engine.decode_cost import DecodeCost, decode_cost
 from vfleet.engine.planner import alternatives, arch_from_config, plan_launch
 from vfleet.engine.rules import RULES
 from vfleet.errors import VfleetError
@@ -284,7 +286,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
             if not plan.fits or plan.warnings
             else []
         )
-        results.append((label or f"1 x TP {plan.tp}", plan, alts))
+        results.append((label or f"1 x TP {plan.tp}", plan, alts, decode_cost(launch)))
     if a.standby_model:
         return _plan_pair(a, results[0][1], root)
     if a.json:
@@ -293,20 +295,19 @@ def cmd_plan(a: argparse.Namespace) -> int:
                 p.as_dict(),
                 layout=label,
                 fixes=[{"set": c, "kv_cache_tokens": q.kv.kv_cache_tokens} for c, q in alts],
+                decode_cost=_decode_json(dc, p.num_speculative_tokens),
             )
-            for label, p, alts in results
+            for label, p, alts, dc in results
         ]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2, default=str))
     else:
-        for label, p, alts in results:
-            _print_plan(label, p, alts)
+        for label, p, alts, dc in results:
+            _print_plan(label, p, alts, dc)
     return 0 if results[0][1].fits else 1
 
 
 def _plan_pair(a: argparse.Namespace, active: Any, root: Path | None) -> int:
     """`--standby-model`: the standby planned on the same GPUs, then both sleep orders."""
-    from dataclasses import asdict
-
     from vfleet.engine.resident import plan_pair
 
     if a.layouts:
@@ -349,7 +350,18 @@ def _plan_pair(a: argparse.Namespace, active: Any, root: Path | None) -> int:
     return 0 if pair.fits else 1
 
 
-def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
+def _decode_json(dc: DecodeCost, depth: int) -> dict[str, Any]:
+    floor = dc.floor_s(depth)
+    return dict(
+        asdict(dc),
+        step_bytes=dc.step_bytes(depth),
+        floor_ms=None if floor is None else round(floor * 1e3, 3),
+    )
+
+
+def _print_plan(
+    label: str, p: Any, alts: list[tuple[str, Any]], dc: DecodeCost | None = None
+) -> None:
     kv = p.kv
     print(
         f"{p.model} on {p.profile} ({label}): max_model_len {p.max_model_len}, "
@@ -391,6 +403,9 @@ def _print_plan(label: str, p: Any, alts: list[tuple[str, Any]]) -> None:
         f"  => {'CPU' if p.device == 'cpu' else 'GPU'} KV cache size: {kv.kv_cache_tokens:,} "
         f"tokens, max concurrency {kv.max_concurrency:.2f}x at {p.max_model_len} tokens"
     )
+    if dc is not None:
+        unit = "CPU worker" if p.device == "cpu" else "GPU"
+        print(f"  decode: {dc.summary(p.num_speculative_tokens, unit)}")
     for note in kv.notes:
         print(f"  note: {note}")
     for problem in p.problems:

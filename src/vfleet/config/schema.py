@@ -79,6 +79,10 @@ class Accelerator(Strict):
     count: int = Field(0, ge=0)
     compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
     vram_gib: float | None = Field(None, gt=0)
+    # The card's memory bandwidth in GB/s (1e9 bytes): the decode cost model's and draft-prune's
+    # rule's figure where vfleet's table lacks the card, or a measured copy bandwidth. Bounds as
+    # the sidecar reads it (MIN_GBS, MAX_GBS in the healthcheck's depth module).
+    memory_bandwidth_gbs: float | None = Field(None, ge=0.001, le=1e6)
 
     @property
     def sm(self) -> tuple[int, int] | None:

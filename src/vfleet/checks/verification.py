@@ -220,7 +220,10 @@ RECORDS: tuple[StackRecord, ...] = (
                 "RSS, the tiny one 1,790 MiB and 3,351-3,377 MiB, while the other served with "
                 "65,316 (mid) / 65,600 MiB (tiny) of GPU memory; vLLM logged 61.6-61.9 (mid) / "
                 "62.3 GiB (tiny) freed at each sleep (docs/GPU.md sections 10 and 11; "
-                "bench/results/h200/vswitch-2026-12-04[bc]-*)",
+                "bench/results/h200/vswitch-2026-12-04[bc]-*). On an H100 (2026-12-06) at 0.45 "
+                "of its 80 GB: the sleeping mid model 2,210 MiB and 8,216-8,219 MiB of host "
+                "RSS, the tiny one 1,802 and 3,333 MiB; vLLM logged 34.30-34.35 (mid) / 35.03 "
+                "GiB (tiny) freed (docs/GPU.md section 12; bench/results/h100/vswitch-2026-12-06-*)",
             ),
             Claim(
                 "vfleet switch on one GPU",
@@ -235,9 +238,15 @@ RECORDS: tuple[StackRecord, ...] = (
                 "hook-off control (the mid model without drafter-reload, woken from level 2): "
                 "acceptance 1.000 before, 0.000 after (1,275 drafted), the acceptance gate "
                 "failed and the switch rolled back, 0 of 534 requests failed. The kept "
-                "reference's process check (process_start_time_seconds) came after these runs "
-                "and is checked on the CPU only (docs/GPU.md section 11; "
-                "bench/results/h200/vswitch-2026-12-04[bc]-*.json)",
+                "reference's process check (process_start_time_seconds) came after these runs. "
+                "On an H100 (2026-12-06, the same pair and sequence, a's reference taken by "
+                "`vfleet switch admit` before it served): five switches, every gate passed, "
+                "every switch kept its reference through the process check, 0 of 580 requests "
+                "failed, the other model's first token through the front 0.76-2.89 s after the "
+                "flip in all five, the first included (2.34 s); 2.16-4.55 s from the command's "
+                "start, which includes the old model's drain (docs/GPU.md sections 11 and 12; "
+                "bench/results/h200/vswitch-2026-12-04[bc]-*.json, "
+                "bench/results/h100/vswitch-2026-12-06-*)",
             ),
             Claim(
                 "mid-size model",

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from vfleet_healthcheck.depth import (
+    StepCost,
     StepTimes,
     StepTimesError,
     StepTimesSource,
@@ -298,3 +299,120 @@ def test_the_sidecar_follows_a_swap_that_did_not_restart_it(
             assert exported(registry) == (1, "r2bbbbbbbbbb")
     said = [r.getMessage() for r in caplog.records if "kept the last good config" in r.getMessage()]
     assert len(said) == 1 and "spec_decode.depth" in said[0], said
+
+
+# The release's decode cost as sidecar.json carries it: 10 GB a step + 2 GB per depth at
+# 1,000 GB/s (10 ms + 2 ms per depth), 64 target layers and one MTP layer.
+COST = {
+    "base_bytes": 10 * 10**9,
+    "per_depth_bytes": 2 * 10**9,
+    "target_layers": 64,
+    "draft_layers": 1,
+    "bandwidth_gbs": 1000.0,
+    "graph_mode": "FULL_AND_PIECEWISE",
+}
+
+
+def test_without_a_table_the_cost_model_stands_in_and_a_table_wins(tmp_path: Path) -> None:
+    path = tmp_path / "step-times.json"
+    source = StepTimesSource(path)
+    positions = {str(i): r for i, r in enumerate(MEASURED)}
+    cost = StepCost.from_json(COST, "sidecar.json")
+    modelled = advise(positions, 4, source, 0.0251, cost)
+    assert modelled.state == "modelled" and modelled.table is not None
+    # at depth 4: floor 18 ms, 7.1 ms over 68 layers; depth 0 = 10 ms + 64 of them
+    per_layer = (0.0251 - 0.018) / 68
+    assert modelled.table.seconds_per_step[0] == pytest.approx(0.010 + 64 * per_layer)
+    assert modelled.table.seconds_per_step[4] == pytest.approx(0.0251)
+    rec = modelled.recommendation
+    assert rec is not None
+    assert rec == recommend(MEASURED, 4, modelled.table)
+    # no live step, no cost, or no drafts: nothing modelled
+    assert advise(positions, 4, source, None, cost).state == "no_step_times"
+    assert advise(positions, 4, source, 0.0251, None).state == "no_step_times"
+    assert advise({}, 4, source, 0.0251, cost).state == "no_drafts"
+    save_step_times(path, TABLE)
+    measured = advise(positions, 4, source, 0.0251, cost)
+    assert measured.state == "ok" and measured.table == TABLE
+
+
+def _more_steps(text: str, count: float, seconds: float) -> str:
+    """The same body with `count` more inter-token latencies adding up to `seconds`."""
+
+    def bump(line: str) -> str:
+        name, _, value = line.rpartition(" ")
+        if name.startswith("vllm:inter_token_latency_seconds_count{"):
+            return f"{name} {float(value) + count}"
+        if name.startswith("vllm:inter_token_latency_seconds_sum{"):
+            return f"{name} {float(value) + seconds}"
+        return line
+
+    return "\n".join(bump(line) for line in text.splitlines()) + "\n"
+
+
+def test_exporter_models_depths_from_the_live_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """sidecar.json with a decode_cost and no step-time table: the live step is the window's
+    inter-token latency sum / count (20 more samples adding up to 0.5 s: 25 ms), the floor is
+    the running depth's bytes at the bandwidth (MTP 3: 16 ms), and the recommendation comes
+    from the table the model gives from that step."""
+    config = tmp_path / "sidecar.json"
+    config.write_text(
+        json.dumps(
+            {
+                "labels": {"host": "h1"},
+                "spec_decode": {"method": "mtp", "depth": 3},
+                "step_times": str(tmp_path / "none.json"),
+                "decode_cost": COST,
+            }
+        )
+    )
+    body = _more_steps(_more_drafts(REAL), 20, 0.5)
+    with FakeUpstream({"/metrics": Reply(body=REAL.encode())}) as upstream:
+        collector = VllmCollector(upstream.url, identity=Identity.from_file(config))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        generate_latest(registry)
+        upstream.routes["/metrics"] = Reply(body=body.encode())
+        text = generate_latest(registry).decode()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    h1 = (("host", "h1"),)
+    assert got[("vfleet_decode_step_seconds", h1)] == pytest.approx(0.025)
+    assert got[("vfleet_decode_step_floor_seconds", h1)] == pytest.approx(0.016)
+    assert got[("vfleet_decode_floor_ratio", h1)] == pytest.approx(0.016 / 0.025)
+    assert got[("vfleet_spec_decode_recommendation_state", (*h1, ("state", "modelled")))] == 1
+    # a modelled table has no measurement time
+    assert ("vfleet_spec_decode_step_times_timestamp_seconds", h1) not in got
+    cost = StepCost.from_json(COST, "t")
+    rec = recommend([0.9, 0.6, 0.3], 3, cost.table(0.025, 3))
+    assert got[("vfleet_spec_decode_recommended_depth", h1)] == rec.recommended_depth
+    assert got[("vfleet_spec_decode_recommended_gain_ratio", h1)] == pytest.approx(rec.gain)
+    depths = {
+        dict(labels)["depth"]
+        for (name, labels) in got
+        if name == "vfleet_spec_decode_expected_tokens_per_second"
+    }
+    assert depths == {"0", "1", "2", "3", "4", "5"}  # full graphs: deeper than running too
+
+    # A bad decode_cost costs the model, not the sidecar: said once in its log.
+    config.write_text(
+        json.dumps({"labels": {"host": "h1"}, "decode_cost": dict(COST, bandwidth_gbs=-1)})
+    )
+    identity = Identity.from_file(config)
+    assert identity.decode_cost is None
+    assert "decode_cost.bandwidth_gbs" in identity.decode_cost_problem
+    with FakeUpstream({"/metrics": Reply(body=REAL.encode())}) as upstream:
+        collector = VllmCollector(upstream.url, identity=identity)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        with caplog.at_level("WARNING"):
+            text = generate_latest(registry).decode()
+            generate_latest(registry)
+    assert "vfleet_vllm_up" in text and "vfleet_decode_step_floor_seconds" not in text
+    said = [r.getMessage() for r in caplog.records if "no decode cost model" in r.getMessage()]
+    assert len(said) == 1 and "bandwidth_gbs" in said[0]

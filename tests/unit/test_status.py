@@ -196,6 +196,7 @@ def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> 
         "steps_per_second",
         "tokens_per_step",
         "stream_decode_tokens_per_second",
+        "decode_step_seconds",
         "requests_running",
         "engine_awake",
         "engine_sleep_level",
@@ -207,6 +208,8 @@ def test_json_shape_is_stable(vllm: FakeVllm, status: Callable[..., Result]) -> 
         "itl_p50_seconds",
         "itl_p95_seconds",
         "baseline_decode_tokens_per_second",
+        "decode_step_floor_seconds",
+        "decode_floor_ratio",
         "spec_decode_running_depth",
         "spec_decode_recommendation_state",
         "spec_decode_recommended_depth",
@@ -601,3 +604,55 @@ def test_the_engine_row_names_the_sleep_level() -> None:
     assert _engine({"engine_awake": 0.0, "engine_sleep_level": 1.0}) == "asleep (level 1)"
     assert _engine({"engine_awake": 0.0, "engine_sleep_level": 0.0}) == "asleep (level 0)"
     assert _engine({"engine_awake": None}) == "-"  # a vLLM without the family
+
+
+def test_without_a_step_time_table_the_depth_is_modelled_from_the_live_step(
+    vllm: FakeVllm, status: Callable[..., Result], tmp_path: Path
+) -> None:
+    """A release whose sidecar.json carries the decode cost (10 GB a step + 2 GB per depth at
+    1,000 GB/s, MTP 3: a 16 ms floor) and no step-time table: the live step is 0.96 s of
+    inter-token latency over 48 samples (20 ms), the recommendation comes from the table the
+    cost model gives from it, as the sidecar's does, and says so."""
+    from vfleet_healthcheck.depth import StepCost, recommend
+
+    cost = {
+        "base_bytes": 10 * 10**9,
+        "per_depth_bytes": 2 * 10**9,
+        "target_layers": 64,
+        "draft_layers": 1,
+        "bandwidth_gbs": 1000.0,
+        "graph_mode": "FULL_AND_PIECEWISE",
+    }
+    path = _deploy(tmp_path, vllm.url)
+    doc = json.loads(path.read_text())
+    doc.update(spec_decode={"method": "mtp", "depth": 3}, decode_cost=cost)
+    doc["step_times"] = str(tmp_path / "no-table.json")
+    path.write_text(json.dumps(doc))
+    [o] = as_json(status("--base-dir", str(tmp_path), "--json"))
+    assert o["decode_step_seconds"] == pytest.approx(0.02)
+    assert o["decode_step_floor_seconds"] == pytest.approx(0.016)
+    assert o["decode_floor_ratio"] == pytest.approx(0.8)
+    assert o["spec_decode_recommendation_state"] == "modelled"
+    rec = recommend([1.0, 0.7, 0.3], 3, StepCost.from_json(cost, "t").table(0.02, 3))
+    assert o["spec_decode_recommended_depth"] == rec.recommended_depth
+    assert o["warnings"] == []
+    with FakeVllm() as again:  # two fresh reads for the table
+        doc["vllm_url"] = again.url
+        path.write_text(json.dumps(doc))
+        out = status("--base-dir", str(tmp_path)).out
+    for label, cell in (
+        ("step (ms)", "20.00"),
+        ("step floor (ms)", "16.00"),
+        ("floor / step (%)", "80"),
+        ("MTP depth recommended", f"{rec.recommended_depth} (modelled)"),
+    ):
+        row = re.search(rf"^{re.escape(label)}\s+(.*)$", out, re.M)
+        assert row and row.group(1).strip() == cell, (label, row)
+    # a bad figure: a warning, the figures without the model
+    with FakeVllm() as third:
+        doc.update(vllm_url=third.url, decode_cost=dict(cost, graph_mode="no such mode!"))
+        path.write_text(json.dumps(doc))
+        [o] = as_json(status("--base-dir", str(tmp_path), "--json"))
+    assert o["spec_decode_recommendation_state"] == "no_step_times"
+    assert o["decode_step_floor_seconds"] is None
+    assert any("decode_cost.graph_mode" in w for w in o["warnings"])

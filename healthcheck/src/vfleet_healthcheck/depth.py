@@ -298,6 +298,8 @@ def recommend(rates: Sequence[float], running_depth: int, table: StepTimes) -> R
 #: Why there is (or is not) a recommendation: the sidecar's and `vfleet status`'s state label.
 STATES = {
     "ok": "recommended from the window's acceptance and the step-time table",
+    "modelled": "recommended from the window's acceptance and step times the decode cost model "
+    "gives from the live step (no step-time table; docs/TUNE.md, The cost model)",
     "speculation_off": "no speculative decoding runs: no acceptance to judge depths by",
     "no_drafts": "no drafts in the window (no traffic): nothing measured to judge by",
     "no_step_times": "no step-time table for this instance (run `vfleet tune`)",
@@ -354,16 +356,27 @@ def rates_from_positions(positions: Mapping[str, float]) -> tuple[float, ...]:
 
 
 def advise(
-    positions: Mapping[str, float], running_depth: int | None, source: StepTimesSource
+    positions: Mapping[str, float],
+    running_depth: int | None,
+    source: StepTimesSource,
+    step_s: float | None = None,
+    cost: StepCost | None = None,
 ) -> Advice:
     """The recommendation for one instance now. ``running_depth``: the rendered
     num_speculative_tokens (0 without speculative decoding); None when unknown, then the number
-    of positions vLLM reports stands in for it."""
+    of positions vLLM reports stands in for it. Without a step-time table, ``cost`` (the
+    release's decode cost) and ``step_s`` (the window's live step) model one; a measured table
+    always wins."""
     rates = rates_from_positions(positions)
     depth = running_depth if running_depth is not None else (len(rates) or None)
     if depth == 0:
         return Advice("speculation_off", 0)
     table, state, detail = source.get()
+    if table is None and state == "no_step_times" and cost is not None and step_s and depth:
+        if not rates:
+            return Advice("no_drafts", depth, detail=detail)
+        modelled = cost.table(step_s, depth)
+        return Advice("modelled", depth, recommend(rates[:depth], depth, modelled), modelled)
     if table is None:
         return Advice(state, depth, detail=detail)
     if not rates or depth is None:

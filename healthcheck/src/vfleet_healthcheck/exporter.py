@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__, switch_record
 from .bounded_http import DEFAULT_MAX_BYTES, RequestError, request
-from .depth import STATES, Advice, StepTimesSource, advise
+from .depth import STATES, Advice, StepCost, StepTimesError, StepTimesSource, advise
 from .perf_record import FILENAME, PerfRecord
 from .vllm_metrics import (
     DEFAULT_VERSION,
@@ -103,6 +103,11 @@ SCALARS: dict[str, tuple[str, str]] = {
     "stream_decode_tokens_per_second": (
         "vfleet_stream_decode_tokens_per_second",
         "Per-stream decode speed: tokens after the first / inter-token time.",
+    ),
+    "decode_step_seconds": (
+        "vfleet_decode_step_seconds",
+        "The live decode step: inter-token latency sum / count over the window (one sample per "
+        "engine step and request).",
     ),
     "requests_running": ("vfleet_requests_running", "Requests running (last sample)."),
     "engine_awake": (
@@ -187,6 +192,10 @@ class Identity:
     spec_depth: int | None = None  # the rendered num_speculative_tokens (0: speculation off)
     step_times: Path | None = None  # the instance's step-time table (vfleet tune writes it)
     switch: Path | None = None  # the instance's last-switch.json (vfleet switch writes it)
+    # What a decode step reads (sidecar.json decode_cost, vfleet.engine.decode_cost): the
+    # floor gauges, and step times modelled where no table was measured. None: no figure.
+    decode_cost: StepCost | None = None
+    decode_cost_problem: str = ""  # why a decode_cost in the file was not used
 
     @classmethod
     def from_file(cls, path: Path) -> Identity:
@@ -213,6 +222,13 @@ class Identity:
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)):
             raise ValueError(f"{path}: spec_decode.depth must be an integer, got {depth!r}")
         times = data.get("step_times")
+        cost, problem = None, ""
+        if data.get("decode_cost") is not None:
+            # A bad figure costs the cost model, not the sidecar: said once in its log.
+            try:
+                cost = StepCost.from_json(data["decode_cost"], str(path))
+            except StepTimesError as exc:
+                problem = str(exc)
         return cls(
             labels,
             info,
@@ -221,6 +237,8 @@ class Identity:
             depth,
             Path(times) if isinstance(times, str) and times else None,
             switch,
+            cost,
+            problem,
         )
 
 
@@ -486,8 +504,32 @@ class VllmCollector(Collector):
             for position, rate in sorted(figures.positions.items(), key=lambda x: int(x[0])):
                 pos.add_metric([*values, position], rate)
             yield pos
+        step = figures.scalars.get("decode_step_seconds")
+        cost = self.identity.decode_cost
+        if self.identity.decode_cost_problem:
+            self._once(
+                f"decode-cost:{self.identity.decode_cost_problem}",
+                f"no decode cost model: {self.identity.decode_cost_problem}",
+            )
+        if cost is not None and self.identity.spec_depth is not None:
+            floor = cost.floor_s(self.identity.spec_depth)
+            yield gauge(
+                "vfleet_decode_step_floor_seconds",
+                "The running depth's decode step at the card's memory bandwidth: the bytes it "
+                "reads per GPU (sidecar.json decode_cost) / the bandwidth.",
+                floor,
+            )
+            if step:
+                yield gauge(
+                    "vfleet_decode_floor_ratio",
+                    "The step's floor / the live step (1: bound by memory bandwidth; 0.35: the "
+                    "card's bandwidth explains 35% of the step).",
+                    floor / step,
+                )
         yield from self._depth_metrics(
-            advise(figures.positions, self.identity.spec_depth, self.step_times), names, values
+            advise(figures.positions, self.identity.spec_depth, self.step_times, step, cost),
+            names,
+            values,
         )
         for key, (name, doc) in QUANTILE_METRICS.items():
             if key in figures.quantiles:
@@ -601,7 +643,7 @@ class VllmCollector(Collector):
                 "num_speculative_tokens this instance runs (0: no speculative decoding).",
                 advice.running_depth,
             )
-        if advice.table is not None:
+        if advice.table is not None and advice.state == "ok":
             yield gauge(
                 "vfleet_spec_decode_step_times_timestamp_seconds",
                 "When the step-time table the recommendation uses was measured (Unix time).",

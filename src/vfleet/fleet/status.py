@@ -43,7 +43,7 @@ from vfleet.fleet.targets import endpoint
 _IMPORT_ERROR: ImportError | None = None
 try:
     from vfleet_healthcheck import switch_record
-    from vfleet_healthcheck.depth import StepTimesSource, advise
+    from vfleet_healthcheck.depth import StepCost, StepTimesSource, advise
     from vfleet_healthcheck.exporter import SCALARS, Identity, UpstreamError, fetch
     from vfleet_healthcheck.vllm_metrics import (
         DEFAULT_VERSION,
@@ -94,6 +94,11 @@ computed from this interval (no traffic, no speculative decoding), JSON null:
   decode (tok/s)            generated tokens per second, all requests together
   tokens/step               generated tokens per engine step (raised by accepted drafts)
   steps/s                   engine steps per second; decode = tokens/step x steps/s
+  step (ms)                 the live decode step: inter-token latency sum / count
+  step floor (ms)           the running depth's step at the card's memory bandwidth: the
+                            bytes it reads per GPU (sidecar.json decode_cost; vfleet plan's
+                            decode line) / the bandwidth
+  floor / step (%)          how much of the step the card's bandwidth explains
   per-stream decode (tok/s) what one request sees: its tokens after the first / the time
                             between them
   acceptance (%)            accepted draft tokens / proposed draft tokens (MTP, ngram, ...)
@@ -104,7 +109,8 @@ computed from this interval (no traffic, no speculative decoding), JSON null:
   MTP depth recommended     the depth of the step-time table (vfleet tune) with the highest
                             expected tok/s: (1 + sum of the per-position acceptance, positions
                             beyond the running depth from tune's measured acceptance) / seconds
-                            per step; "- (why)"
+                            per step; "N (modelled)" where no table exists and the decode
+                            cost model gives the step times from the live step; "- (why)"
                             without one: no_step_times, bad_step_times, no_drafts (no traffic),
                             speculation_off (docs/TUNE.md, Recommended depth)
   expected gain (%)         expected tok/s at the recommended depth / at the running one - 1
@@ -142,6 +148,8 @@ class Target:
     error: str | None = None  # the host could not be asked (ssh), so nothing was read
     spec_depth: int | None = None  # sidecar.json: the rendered num_speculative_tokens
     step_times: str | None = None  # the MTP step-time table, where readable from here
+    decode_cost: StepCost | None = None  # sidecar.json decode_cost: floors, modelled depths
+    decode_cost_problem: str = ""  # why sidecar.json's decode_cost was not used
     switch: switch_record.SwitchRecord | None = None  # its last-switch.json, where read
     switch_error: str | None = None  # why that file was not used
 
@@ -219,6 +227,8 @@ def discover(base_dir: Path, *, strict: bool) -> list[Target]:
             since,
             spec_depth=identity.spec_depth,
             step_times=times,
+            decode_cost=identity.decode_cost,
+            decode_cost_problem=identity.decode_cost_problem,
         )
         try:  # the sidecar's reader: bounded, no link, checked fields
             target.switch = switch_record.read(folder / switch_record.FILENAME)
@@ -496,6 +506,8 @@ def _switch_cell(o: dict[str, Any], now: float) -> str:
 def _depth(r: Reading, f: Figures) -> dict[str, Any]:
     """The sidecar's MTP depth recommendation, computed the same way (vfleet_healthcheck.depth)."""
     out: dict[str, Any] = {
+        "decode_step_floor_seconds": None,
+        "decode_floor_ratio": None,
         "spec_decode_running_depth": r.target.spec_depth,
         "spec_decode_recommendation_state": None,
         "spec_decode_recommended_depth": None,
@@ -504,7 +516,17 @@ def _depth(r: Reading, f: Figures) -> dict[str, Any]:
     }
     if not r.up:
         return out
-    advice = advise(f.positions, r.target.spec_depth, StepTimesSource(r.target.step_times))
+    step = f.scalars.get("decode_step_seconds")
+    cost = r.target.decode_cost
+    if r.target.decode_cost_problem:
+        r.warnings.append(f"no decode cost model: {r.target.decode_cost_problem}")
+    advice = advise(
+        f.positions, r.target.spec_depth, StepTimesSource(r.target.step_times), step, cost
+    )
+    if cost is not None and advice.running_depth is not None:
+        floor = cost.floor_s(advice.running_depth)
+        out["decode_step_floor_seconds"] = floor
+        out["decode_floor_ratio"] = floor / step if step else None
     out["spec_decode_running_depth"] = advice.running_depth
     out["spec_decode_recommendation_state"] = advice.state
     if advice.state == "bad_step_times":  # a missing table is normal: the state row says so
@@ -522,7 +544,9 @@ def _depth(r: Reading, f: Figures) -> dict[str, Any]:
 def _recommended(o: dict[str, Any]) -> str:
     depth = o.get("spec_decode_recommended_depth")
     state = o.get("spec_decode_recommendation_state")
-    return str(depth) if depth is not None else ("-" if state in (None, "ok") else f"- ({state})")
+    if depth is not None:
+        return f"{depth} (modelled)" if state == "modelled" else str(depth)
+    return "-" if state in (None, "ok") else f"- ({state})"
 
 
 def _iso(t: float | None) -> str | None:
@@ -608,6 +632,9 @@ ROWS: list[tuple[str, str, Format | None]] = [
     ("decode (tok/s)", "decode_tokens_per_second", _num(".1f")),
     ("tokens/step", "tokens_per_step", _num(".2f")),
     ("steps/s", "steps_per_second", _num(".1f")),
+    ("step (ms)", "decode_step_seconds", _num(".2f", 1000)),
+    ("step floor (ms)", "decode_step_floor_seconds", _num(".2f", 1000)),
+    ("floor / step (%)", "decode_floor_ratio", _num(".0f", 100)),
     ("per-stream decode (tok/s)", "stream_decode_tokens_per_second", _num(".1f")),
     ("baseline decode (tok/s)", "baseline_decode_tokens_per_second", _expected),
     ("acceptance (%)", "spec_decode_acceptance_rate", _num(".1f", 100)),

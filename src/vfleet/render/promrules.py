@@ -239,7 +239,11 @@ ALERTS: list[dict[str, Any]] = [
     ),
     _alert(
         "VfleetSpecDecodeDepthNotBest",
-        f'vfleet_spec_decode_recommended_gain_ratio{{job="vfleet-sidecar"}} > {DEPTH_GAIN_ALERT}',
+        # Only from a measured step-time table: a modelled one (state "modelled") is a guess
+        # that the cost model's check shows off by 6-40% (docs/TUNE.md, The cost model).
+        f'vfleet_spec_decode_recommended_gain_ratio{{job="vfleet-sidecar"}} > {DEPTH_GAIN_ALERT}'
+        ' and ignoring(state) vfleet_spec_decode_recommendation_state{job="vfleet-sidecar",'
+        'state="ok"} == 1',
         DEPTH_GAIN_FOR,
         "warning",
         "The recommended MTP depth on {{ $labels.host }} ({{ $labels.vfleet_instance }}) "

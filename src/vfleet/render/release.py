@@ -33,6 +33,7 @@ from vfleet.config.escape import (
 )
 from vfleet.engine.api_routes import ALLOWED_ROUTES
 from vfleet.engine.compile import Launch
+from vfleet.engine.decode_cost import decode_cost
 from vfleet.engine.rules import CACHE_ENV, DRAFT_VOCAB_FILE, plugin_state_file
 from vfleet.engine.warmup import warmup_plan
 from vfleet.errors import VfleetError
@@ -369,6 +370,9 @@ def sidecar_config(launch: Launch) -> dict[str, Any]:
         # per depth: with both, the sidecar recommends a depth (vfleet_healthcheck.depth).
         "spec_decode": {"method": launch.decisions.spec_method, "depth": launch.decisions.spec_k},
         "step_times": launch.host.step_times_file(launch.instance),
+        # What a decode step reads per GPU and the card's bandwidth: the floor gauges, and
+        # step times modelled from the live step where no table exists (engine/decode_cost.py).
+        **({"decode_cost": cost} if (cost := decode_cost(launch).sidecar()) else {}),
         # The SM75 plugin's runtime decision (VFLEET_SM75_STATE): the features on now.
         **(
             {"plugin_state": plugin_state_file(launch.host, launch.instance)}

@@ -31,9 +31,11 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "healthcheck" / "src")]
@@ -42,6 +44,7 @@ from vfleet_healthcheck.depth import StepCost  # noqa: E402
 
 from vfleet.engine.compile import resolve  # noqa: E402
 from vfleet.engine.decode_cost import decode_cost  # noqa: E402
+from vfleet.engine.draft_prune import plugin_k, rows_pruned  # noqa: E402
 
 H200 = REPO / "bench" / "results" / "h200"
 DUMMY = ["extra_args.load-format=dummy"]
@@ -59,6 +62,10 @@ class Side:
     tokens_per_s: float
     tokens_per_step: float  # 1 + accepted draft tokens per step
     source: str
+    # The SM75 plugin's draft-prune with a table of K rows, turned on by the run's environment
+    # (VFLEET_SM75=draft-prune) on a stack whose profile carries no plugin (the H200's): the
+    # plan's head is replaced by the pruned share, as rule plugin would plan it.
+    pruned_k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,11 @@ class Row:
 
 def cost_of(side: Side) -> StepCost:
     launch = resolve(side.profile, side.model, sets=list(side.sets), strict_memory=False)
-    doc = decode_cost(launch).sidecar()
+    dc = decode_cost(launch)
+    if side.pruned_k is not None:
+        rows = rows_pruned(side.pruned_k, dc.tp)
+        dc = replace(dc, head_rows=rows, head_bytes=rows * dc.head_bytes // dc.head_rows)
+    doc = dc.sidecar()
     if doc is None:
         raise SystemExit(f"{side.label}: no bandwidth figure for {side.profile}")
     return StepCost.from_json(doc, side.label)
@@ -126,33 +137,46 @@ def row(pair: str, given: Side, want: Side) -> Row:
     )
 
 
-def lane_side(label: str, file: str, config: str, sets: tuple[str, ...], depth: int) -> Side:
-    """A configuration of a committed lane run: median decode speed of its repeats."""
-    doc = json.loads((H200 / file).read_text(encoding="utf-8"))
+def lane_side(
+    label: str,
+    file: str | Path,
+    config: str,
+    sets: tuple[str, ...],
+    depth: int,
+    pruned: bool = False,
+) -> Side:
+    """A configuration of a lane run: median decode speed of its repeats."""
+    path = H200 / file
+    doc = json.loads(path.read_text(encoding="utf-8"))
     cfg = next(c for c in doc["configs"] if c["name"] == config)
     runs = [r for r in cfg["decode"]["runs"] if r.get("ok")]
     speed = statistics.median(r["decode_tokens_per_s"] for r in runs)
     per_step = statistics.median(r["tokens_per_step"] for r in runs)
+    vocab = resolve(doc["profile"], doc["model"], strict_memory=False).model.arch.vocab_size
     return Side(
         label,
-        "h200-141g",
+        doc["profile"],
         doc["model"],
         tuple(DUMMY + list(sets)),
         depth,
         speed,
         per_step,
-        f"bench/results/h200/{file} {config}",
+        f"{_rel(path)} {config}",
+        plugin_k(vocab) if pruned else None,
     )
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 NOMTP_FULL = ("speculative.method=none", "cudagraph_mode=FULL_AND_PIECEWISE")
 NOMTP_PIECEWISE = ("speculative.method=none", "cudagraph_mode=PIECEWISE")
-MTP_TRITON_FULL = (
-    "attention_backend=TRITON_ATTN",
-    "cudagraph_mode=FULL_AND_PIECEWISE",
-    "draft_prune=false",
-)
-MTP_PIECEWISE = ("draft_prune=false",)
+MTP_TRITON_FULL = ("attention_backend=TRITON_ATTN", "cudagraph_mode=FULL_AND_PIECEWISE")
+MTP_PIECEWISE: tuple[str, ...] = ()
 
 
 def h200_rows() -> list[Row]:
@@ -189,15 +213,16 @@ def h200_rows() -> list[Row]:
         "MTP 3, vLLM's head",
         "lane-real-2026-12-03-plugin.json",
         "plugin-off",
-        ("draft_prune=false",),
+        (),
         3,
     )
     pruned = lane_side(
         "MTP 3, draft-prune's head",
         "lane-real-2026-12-03-plugin.json",
         "plugin-on",
-        ("draft_prune=true",),
+        (),
         3,
+        pruned=True,
     )
     rows.append(row("H200 awq-mtp, pruned head", full_head, pruned))
     return rows
@@ -256,6 +281,32 @@ def seed_rows() -> list[Row]:
     return rows
 
 
+PRUNE_SET = "extra_env.VFLEET_SM75=draft-prune"
+
+
+def lane_rows(files: list[Path]) -> list[Row]:
+    """New lane runs (bench/gpu_device_steps.sh `depths`): every configuration with decode
+    figures, re-planned from the sets it recorded; the deepest one with vLLM's head is the
+    measured step the others are modelled from, as the sidecar would from a running depth."""
+    sides: list[Side] = []
+    for file in files:
+        doc = json.loads(Path(file).read_text(encoding="utf-8"))
+        for cfg in doc["configs"]:
+            if not any(r.get("ok") for r in (cfg.get("decode") or {}).get("runs", [])):
+                continue
+            spec = yaml.safe_load(cfg["vllm_yaml"]).get("speculative-config") or {}
+            depth = int(spec.get("num_speculative_tokens", 0)) if spec.get("method") else 0
+            sets = tuple(x for x in cfg["sets"] if x not in DUMMY)
+            pruned = PRUNE_SET in sets
+            label = f"{cfg['name']} (MTP {depth}{', pruned head' if pruned else ''})"
+            sides.append(lane_side(label, Path(file).resolve(), cfg["name"], sets, depth, pruned))
+    full = [x for x in sides if x.pruned_k is None]
+    if not full:
+        raise SystemExit("--lane: no configuration with vLLM's head and decode figures")
+    given = max(full, key=lambda x: x.depth)
+    return [row("lane (--lane)", given, want) for want in sides if want is not given]
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
 
@@ -276,8 +327,15 @@ def report(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="folder for rows.json and result.md")
+    p.add_argument(
+        "--lane",
+        nargs="+",
+        type=Path,
+        metavar="LANE_JSON",
+        help="check new lane results instead (the lane.json of each `depths` run)",
+    )
     a = p.parse_args(argv)
-    rows = h200_rows() + seed_rows()
+    rows = lane_rows(a.lane) if a.lane else h200_rows() + seed_rows()
     text = report(rows)
     print(text, end="")
     if a.out:
@@ -286,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / "rows.json").write_text(
             json.dumps([asdict(r) for r in rows], indent=2) + "\n", encoding="utf-8"
         )
+        args = " ".join(argv if argv is not None else sys.argv[1:])
         (out / "result.md").write_text(
-            "Command: `.venv/bin/python bench/decode_cost_check.py --out "
-            "bench/results/decode-cost`\n\n" + text,
+            f"Command: `.venv/bin/python bench/decode_cost_check.py {args}`\n\n" + text,
             encoding="utf-8",
         )
     return 0

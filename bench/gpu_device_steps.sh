@@ -47,6 +47,12 @@
 #             (nomtp-piecewise, nomtp-full: greedy replies compared), then MTP 3 with TRITON_ATTN
 #             and full decode graphs (mtp-triton-full) against its FlashInfer PIECEWISE default
 #             (plugin-off); each skipped when the time left is under what it needs (default 700)
+#   depths MODEL [SECONDS]
+#             issue 31 item 5 on a preset at its own size (dummy weights): single-stream decode
+#             at MTP 0, 1 and 3 with TRITON_ATTN and full decode graphs, then MTP 3 with the
+#             plugin's pruned head (nomtp-triton-full, mtp1-triton-full, mtp-triton-full,
+#             mtp-triton-full-pruned), each skipped when the time left is under what it needs
+#             (default 900); then `bench/decode_cost_check.py --lane` on the results here
 #   variants MODEL [SECONDS]
 #             issue 31 item 1 on a preset at its own size (dummy weights, DEBUG): the other
 #             configurations per preset (real-32k, real-seqs-8, real-mtp1) and the a100-32g
@@ -284,6 +290,12 @@ graphs)
     # part of vLLM's compile key), the first a cold start where the host has no 27B caches
     lane_each graphs "${2:?graphs MODEL [SECONDS]}" "${3:-700}" \
         nomtp-piecewise:330 nomtp-full:160 mtp-triton-full:200 plugin-off:170
+    ;;
+depths)
+    # the decode cost model's depths on one backend with full decode graphs (issue 31 item 5):
+    # MTP off, 1 and 3, then 3 with the pruned head; then bench/decode_cost_check.py --lane
+    lane_each depths "${2:?depths MODEL [SECONDS]}" "${3:-900}" \
+        nomtp-triton-full:330 mtp1-triton-full:200 mtp-triton-full:200 mtp-triton-full-pruned:220
     ;;
 variants)
     # one lane run per configuration (a window, a batch or a depth is part of the compile key)

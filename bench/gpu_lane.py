@@ -238,6 +238,43 @@ MATRIX: tuple[LaneConfig, ...] = (
         "config/compilation.py), so the attention is TRITON_ATTN (ALWAYS) for it",
         debug_log=False,
     ),
+    # The decode cost model's depths (issue 31 item 5; docs/TUNE.md, "The cost model"): one
+    # backend and full decode graphs throughout, so that only the depth (and the head) differs.
+    LaneConfig(
+        "nomtp-triton-full",
+        (
+            "speculative.method=none",
+            "attention_backend=TRITON_ATTN",
+            "cudagraph_mode=FULL_AND_PIECEWISE",
+        ),
+        ("first-request", "decode"),
+        "MTP off with mtp-triton-full's backend and graphs: the cost model's depth 0",
+        debug_log=False,
+    ),
+    LaneConfig(
+        "mtp1-triton-full",
+        (
+            "speculative.num_speculative_tokens=1",
+            "attention_backend=TRITON_ATTN",
+            "cudagraph_mode=FULL_AND_PIECEWISE",
+        ),
+        ("first-request", "decode"),
+        "MTP 1 with full decode graphs: the cost model's depth 1",
+        debug_log=False,
+    ),
+    LaneConfig(
+        "mtp-triton-full-pruned",
+        (
+            "attention_backend=TRITON_ATTN",
+            "cudagraph_mode=FULL_AND_PIECEWISE",
+            "extra_env.VFLEET_SM75=draft-prune",
+        ),
+        ("first-request", "decode"),
+        "mtp-triton-full with the plugin's pruned head: the model's head bytes against the "
+        "step with full graphs (PIECEWISE's host time hid any saving before)",
+        debug_log=False,
+        draft_prune=True,
+    ),
     LaneConfig(
         "plugin-off",
         (),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,46 @@ def test_the_committed_check_is_what_the_script_prints() -> None:
     assert len(full) == 3 and all(abs(r.error_pct) < 10 for r in full)
     # the pair tells the model apart from a free depth and from one twice as costly
     assert all(r.free_error_pct is not None and r.free_error_pct < -20 for r in full)
+
+
+def test_new_lane_runs_are_checked_as_the_committed_pairs() -> None:
+    """`--lane` on two committed runs (MTP 3 and MTP off, full graphs) gives the committed
+    row of that pair: depths from the rendered vllm.yaml, sets as each run recorded them."""
+    bench = _bench()
+    h200 = REPO / "bench/results/h200"
+    [got] = bench.lane_rows(
+        [
+            h200 / "lane-graphs-2026-12-04c-awq-int4-mtp-triton-full.json",
+            h200 / "lane-graphs-2026-12-04c-awq-int4-nomtp-full.json",
+        ]
+    )
+    [want] = [r for r in bench.h200_rows() if r.predicted == "MTP off, full graphs (04c)"]
+    assert (got.measured_tok_s, got.model_tok_s, got.error_pct) == (
+        want.measured_tok_s,
+        want.model_tok_s,
+        want.error_pct,
+    )
+    assert got.given == "mtp-triton-full (MTP 3)" and got.predicted == "nomtp-full (MTP 0)"
+
+
+def test_every_configuration_a_device_step_runs_is_in_the_lane_matrix() -> None:
+    """bench/gpu_device_steps.sh names lane configurations as NAME:SECONDS after `lane_each`:
+    a typo would cost a device hold its run."""
+    spec = importlib.util.spec_from_file_location("gpu_lane", REPO / "bench/gpu_lane.py")
+    assert spec and spec.loader
+    lane = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_lane"] = lane
+    spec.loader.exec_module(lane)
+    known = {c.name for c in lane.MATRIX}
+    text = (REPO / "bench/gpu_device_steps.sh").read_text(encoding="utf-8")
+    calls = re.findall(r"lane_each (\w+) [^\n]*\\\n\s+([^\n]+)", text)
+    steps = {step: [p.split(":")[0] for p in rest.split()] for step, rest in calls}
+    assert {"graphs", "variants", "depths"} <= set(steps)
+    assert steps["depths"] == [
+        "nomtp-triton-full",
+        "mtp1-triton-full",
+        "mtp-triton-full",
+        "mtp-triton-full-pruned",
+    ]
+    for step, names in steps.items():
+        assert set(names) <= known, (step, set(names) - known)

@@ -335,6 +335,13 @@ def test_report_marks_the_best_and_the_plot_is_an_svg() -> None:
     root = ET.fromstring(svg(state, obj, winner))
     bars = root.findall("{http://www.w3.org/2000/svg}rect")
     assert len(bars) == 3 and sum(b.get("fill") == "#2a7" for b in bars) == 1
+    assert "decode cost model" not in text  # no step times written: nothing said
+    model = {"from_depth": 1, "error_by_depth": {"0": -0.052, "2": 0.031}}
+    text = markdown({**doc, "step_times": {"cost_model": model}}, state, obj, winner)
+    assert "from MTP 1's step: MTP 0 -5.2%, MTP 2 +3.1% against what was measured" in text
+    why = {"not_checked": "no memory-bandwidth figure for this card"}
+    text = markdown({**doc, "step_times": {"cost_model": why}}, state, obj, winner)
+    assert "the decode cost model not checked: no memory-bandwidth figure" in text
 
 
 def test_merged_sets_keep_old_keys_the_new_tune_did_not_set() -> None:

@@ -460,6 +460,15 @@ class StepCost:
         top = deepest if self.graph_mode in FULL_GRAPH_MODES else running
         return range(0, max(top, running) + 1)
 
+    def errors(self, measured: Mapping[int, float], base: int) -> dict[int, float]:
+        """How far the model is off on measured steps: each other depth modelled from
+        ``base``'s step, as (modelled / measured - 1) by depth (`vfleet tune`'s check)."""
+        return {
+            d: self.step_s(measured[base], base, d) / s - 1.0
+            for d, s in sorted(measured.items())
+            if d != base and s > 0
+        }
+
     def table(
         self, measured_s: float, running: int, deepest: int = 5, concurrency: int = 1
     ) -> StepTimes:

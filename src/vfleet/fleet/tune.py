@@ -29,6 +29,7 @@ from vfleet.config.apikey import read_api_key_file
 from vfleet.config.escape import host_name
 from vfleet.config.schema import STEP_TIMES_FILE, HostVars
 from vfleet.engine.compile import Launch, resolve
+from vfleet.engine.decode_cost import decode_cost
 from vfleet.errors import VfleetError
 from vfleet.fleet.balancer import load as load_balancer
 from vfleet.fleet.balancer import set_down
@@ -619,13 +620,51 @@ def write_step_times(
         concurrency=bench.concurrency,
         accepted_per_draft=accepted,
     )
+    model = cost_model_check(t, winner, times)
     local = out_dir / STEP_TIMES_FILE
     save_step_times(local, table)
     on_host = t.launch.host.step_times_file(t.launch.instance)
     why = put_file(t, on_host, local.read_text(encoding="utf-8"))
     said = f"step times of depths {sorted(times)} -> {t.host}:{on_host}"
     print(f"tune: {said}" + (f" NOT copied: {why}" if why else ""), file=sys.stderr)
-    return {"file": str(local), "host_path": on_host, "depths": sorted(times), "not_copied": why}
+    return {
+        "file": str(local),
+        "host_path": on_host,
+        "depths": sorted(times),
+        "not_copied": why,
+        "cost_model": model,
+    }
+
+
+def cost_model_check(t: Target, winner: Result, times: dict[int, float]) -> dict[str, Any]:
+    """How far the decode cost model (docs/TUNE.md, "The cost model"), which the sidecar uses
+    where no table exists, is from the depths this tune measured on this box: each depth
+    modelled from the winner's. Said on stderr and kept in tune.json."""
+    from vfleet_healthcheck.depth import StepCost
+
+    try:  # a report line: it must never stop the rollout that follows
+        cost = decode_cost(t.resolve_with(winner.sets)).sidecar()
+    except VfleetError as exc:
+        cost, failed = None, exc.message
+    else:
+        failed = ""
+    base = int(winner.picks.get("depth", -1))
+    if failed:
+        why = f"the winner's plan: {failed}"
+    elif cost is None:
+        why = "no memory-bandwidth figure for this card (accelerator.memory_bandwidth_gbs)"
+    elif base not in times or len(times) < 2:
+        why = "fewer than two depths measured beside the winner"
+    else:
+        errors = StepCost.from_json(cost, "decode_cost").errors(times, base)
+        said = ", ".join(f"MTP {d} {e * 100:+.1f}%" for d, e in errors.items())
+        print(f"tune: the decode cost model from MTP {base}'s step: {said}", file=sys.stderr)
+        return {
+            "from_depth": base,
+            "error_by_depth": {str(d): round(e, 4) for d, e in errors.items()},
+        }
+    print(f"tune: decode cost model not checked: {why}", file=sys.stderr)
+    return {"not_checked": why}
 
 
 def put_file(t: Target, path: str, text: str) -> str | None:

@@ -76,6 +76,15 @@ def markdown(doc: dict[str, Any], state: State, objective: Objective, winner: Re
         perf = rollout.get("perf") or {}
         gate = f"; performance gate: {perf.get('state')}" if perf else ""
         lines.append(f"- rollout ({rollout['what']}): {rollout['outcome']}{gate}")
+    model = (doc.get("step_times") or {}).get("cost_model") or {}
+    if "error_by_depth" in model:
+        said = ", ".join(f"MTP {d} {e * 100:+.1f}%" for d, e in model["error_by_depth"].items())
+        lines.append(
+            f"- the decode cost model (the sidecar's where no table exists) from MTP "
+            f"{model['from_depth']}'s step: {said} against what was measured"
+        )
+    elif model.get("not_checked"):
+        lines.append(f"- the decode cost model not checked: {model['not_checked']}")
     lines += ["", *table(state, objective, winner), ""]
     if winner is not None:
         lines.append(f"Best: **{winner.key}** (`--set {' --set '.join(winner.sets)}`).")

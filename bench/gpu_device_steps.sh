@@ -52,7 +52,8 @@
 #             at MTP 0, 1 and 3 with TRITON_ATTN and full decode graphs, then MTP 3 with the
 #             plugin's pruned head (nomtp-triton-full, mtp1-triton-full, mtp-triton-full,
 #             mtp-triton-full-pruned), each skipped when the time left is under what it needs
-#             (default 900); then `bench/decode_cost_check.py --lane` on the results here
+#             (default 900); then, on the control machine, `bench/decode_cost_check.py --lane`
+#             on the lane.json files that come back
 #   variants MODEL [SECONDS]
 #             issue 31 item 1 on a preset at its own size (dummy weights, DEBUG): the other
 #             configurations per preset (real-32k, real-seqs-8, real-mtp1) and the a100-32g
@@ -293,7 +294,8 @@ graphs)
     ;;
 depths)
     # the decode cost model's depths on one backend with full decode graphs (issue 31 item 5):
-    # MTP off, 1 and 3, then 3 with the pruned head; then bench/decode_cost_check.py --lane
+    # MTP off, 1 and 3, then 3 with the pruned head (their lane.json go to decode_cost_check
+    # --lane on the control machine)
     lane_each depths "${2:?depths MODEL [SECONDS]}" "${3:-900}" \
         nomtp-triton-full:330 mtp1-triton-full:200 mtp-triton-full:200 mtp-triton-full-pruned:220
     ;;

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vfleet_healthcheck.depth import FULL_GRAPH_MODES, StepCost, StepTimesError
+from vfleet_healthcheck.depth import StepCost, StepTimesError
 
 from vfleet.engine.compile import resolve
 from vfleet.engine.decode_cost import decode_cost
@@ -80,7 +80,7 @@ def test_without_mtp_a_depth_adds_nothing() -> None:
     assert doc is not None and doc["per_depth_bytes"] == 0
     assert dc.graph_mode == "FULL_AND_PIECEWISE"  # rule cudagraphs without speculation
     cost = StepCost.from_json(doc, "t")
-    assert list(cost.depths(0, 5)) == [0]
+    assert list(cost.depths(0)) == [0]
 
 
 def test_a_stated_bandwidth_wins_and_none_means_no_floor(tmp_path: Path) -> None:
@@ -135,12 +135,12 @@ def test_the_model_returns_the_measured_step_and_spreads_the_rest_per_layer() ->
     assert c.per_layer_s(0.001, 3) == 0.0
 
 
-@pytest.mark.parametrize("mode", [*FULL_GRAPH_MODES, "PIECEWISE", "NONE"])
-def test_only_full_graphs_model_deeper_than_the_running_depth(mode: str) -> None:
-    c = _cost(mode)
-    table = c.table(0.0234, 3, deepest=5)
-    want = [0, 1, 2, 3, 4, 5] if mode in FULL_GRAPH_MODES else [0, 1, 2, 3]
-    assert sorted(table.seconds_per_step) == want
+@pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"])
+def test_no_depth_deeper_than_the_running_one_is_modelled(mode: str) -> None:
+    # the model under-costs a depth in every measured pair (docs/TUNE.md, The cost model)
+    table = _cost(mode).table(0.0234, 3, concurrency=2)
+    assert sorted(table.seconds_per_step) == [0, 1, 2, 3]
+    assert table.concurrency == 2
     assert table.method.startswith("modelled from the live step at MTP 3")
 
 
@@ -156,7 +156,9 @@ def test_only_full_graphs_model_deeper_than_the_running_depth(mode: str) -> None
         ("bandwidth_gbs", float("inf")),
         ("bandwidth_gbs", "4232"),
         ("graph_mode", "PIECE WISE"),
+        ("graph_mode", "full"),
         ("graph_mode", None),
+        ("draft_layers", 0),
     ],
 )
 def test_a_bad_decode_cost_names_its_key(key: str, value: Any) -> None:

@@ -331,6 +331,9 @@ def test_without_a_table_the_cost_model_stands_in_and_a_table_wins(tmp_path: Pat
     assert advise(positions, 4, source, None, cost).state == "no_step_times"
     assert advise(positions, 4, source, 0.0251, None).state == "no_step_times"
     assert advise({}, 4, source, 0.0251, cost).state == "no_drafts"
+    # ngram: no draft the model knows (no MTP bytes), nothing modelled
+    ngram = StepCost.from_json(dict(COST, per_depth_bytes=0, draft_layers=0), "sidecar.json")
+    assert advise(positions, 4, source, 0.0251, ngram).state == "no_step_times"
     save_step_times(path, TABLE)
     measured = advise(positions, 4, source, 0.0251, cost)
     assert measured.state == "ok" and measured.table == TABLE
@@ -397,7 +400,7 @@ def test_exporter_models_depths_from_the_live_step(
         for (name, labels) in got
         if name == "vfleet_spec_decode_expected_tokens_per_second"
     }
-    assert depths == {"0", "1", "2", "3", "4", "5"}  # full graphs: deeper than running too
+    assert depths == {"0", "1", "2", "3"}  # never deeper than the running depth
 
     # A bad decode_cost costs the model, not the sidecar: said once in its log.
     config.write_text(

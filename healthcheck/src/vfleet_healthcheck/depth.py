@@ -361,6 +361,7 @@ def advise(
     source: StepTimesSource,
     step_s: float | None = None,
     cost: StepCost | None = None,
+    concurrency: int = 1,
 ) -> Advice:
     """The recommendation for one instance now. ``running_depth``: the rendered
     num_speculative_tokens (0 without speculative decoding); None when unknown, then the number
@@ -372,10 +373,12 @@ def advise(
     if depth == 0:
         return Advice("speculation_off", 0)
     table, state, detail = source.get()
-    if table is None and state == "no_step_times" and cost is not None and step_s and depth:
+    # Only MTP has a draft the model knows (ngram drafts on the host: no bytes to model).
+    mtp = cost is not None and cost.draft_layers > 0
+    if table is None and state == "no_step_times" and cost is not None and mtp and step_s and depth:
         if not rates:
             return Advice("no_drafts", depth, detail=detail)
-        modelled = cost.table(step_s, depth)
+        modelled = cost.table(step_s, depth, concurrency)
         return Advice("modelled", depth, recommend(rates[:depth], depth, modelled), modelled)
     if table is None:
         return Advice(state, depth, detail=detail)
@@ -388,11 +391,6 @@ def advise(
 
 #: Bounds on a stated memory bandwidth, GB/s (the hardware profile's schema uses the same).
 MIN_GBS, MAX_GBS = 0.001, 1e6
-#: Graph modes under which one more depth costs what the model says (docs/TUNE.md, "The cost
-#: model"): with full decode graphs the step is one replay. Under PIECEWISE the H200 paid
-#: 1.8-3.0x the model's cost per depth, so only the running depth and shallower ones are
-#: modelled there (a depth's cost is then taken off, never guessed on).
-FULL_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 @dataclass(frozen=True)
@@ -425,9 +423,13 @@ class StepCost:
             return float(v)
 
         mode = data.get("graph_mode")
-        if not isinstance(mode, str) or not mode.replace("_", "").isalpha() or len(mode) > 32:
-            raise bad("graph_mode", f"expected a CUDA graph mode name, got {mode!r}")
-        return cls(
+        if not (
+            isinstance(mode, str)
+            and 0 < len(mode) <= 32
+            and all(c.isupper() or c == "_" for c in mode)
+        ):
+            raise bad("graph_mode", f"expected a CUDA graph mode name (FULL, ...), got {mode!r}")
+        cost = cls(
             int(number("base_bytes", 1, 1e13, True)),
             int(number("per_depth_bytes", 0, 1e13, True)),
             int(number("target_layers", 1, 10_000, True)),
@@ -435,6 +437,9 @@ class StepCost:
             number("bandwidth_gbs", MIN_GBS, MAX_GBS, False),
             mode,
         )
+        if (cost.draft_layers == 0) != (cost.per_depth_bytes == 0):
+            raise bad("draft_layers", "a depth with bytes needs draft layers, and no bytes none")
+        return cost
 
     def floor_s(self, depth: int) -> float:
         """Seconds the step's bytes take at the card's bandwidth."""
@@ -452,13 +457,13 @@ class StepCost:
         per_layer = self.per_layer_s(measured_s, measured_depth)
         return self.floor_s(depth) + per_layer * self.layers(depth)
 
-    def depths(self, running: int, deepest: int) -> range:
-        """The depths modelled from a step at ``running``: all up to ``deepest`` with full
-        decode graphs; the running one and shallower ones otherwise (above)."""
-        if not self.draft_layers:
-            return range(0, 1)
-        top = deepest if self.graph_mode in FULL_GRAPH_MODES else running
-        return range(0, max(top, running) + 1)
+    def depths(self, running: int) -> range:
+        """The depths modelled from a step at ``running``: it and the shallower ones. Against
+        every measured pair the model under-costs a depth (1.3x with full decode graphs on the
+        H200, 2.3-4.3x under PIECEWISE; vLLM 0.24.0 runs the drafter's own calls PIECEWISE
+        even with full graphs, llm_base_proposer.py initialize_cudagraph_keys), so a deeper
+        depth is never modelled: the advice leans to the running depth, not past it."""
+        return range(0, running + 1)
 
     def errors(self, measured: Mapping[int, float], base: int) -> dict[int, float]:
         """How far the model is off on measured steps: each other depth modelled from
@@ -469,11 +474,11 @@ class StepCost:
             if d != base and s > 0
         }
 
-    def table(
-        self, measured_s: float, running: int, deepest: int = 5, concurrency: int = 1
-    ) -> StepTimes:
-        """A step-time table modelled from one measured step (the sidecar's live step)."""
-        steps = {d: self.step_s(measured_s, running, d) for d in self.depths(running, deepest)}
+    def table(self, measured_s: float, running: int, concurrency: int = 1) -> StepTimes:
+        """A step-time table modelled from one measured step (the sidecar's live step, at the
+        window's ``concurrency``: the bytes are for one sequence, the rest per layer absorbs
+        what a larger batch adds)."""
+        steps = {d: self.step_s(measured_s, running, d) for d in self.depths(running)}
         return StepTimes.measured(
             steps,
             method=(

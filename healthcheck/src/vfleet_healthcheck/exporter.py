@@ -511,8 +511,12 @@ class VllmCollector(Collector):
                 f"decode-cost:{self.identity.decode_cost_problem}",
                 f"no decode cost model: {self.identity.decode_cost_problem}",
             )
-        if cost is not None and self.identity.spec_depth is not None:
-            floor = cost.floor_s(self.identity.spec_depth)
+        running = max(1, round(figures.scalars.get("requests_running", 1.0)))
+        advice = advise(
+            figures.positions, self.identity.spec_depth, self.step_times, step, cost, running
+        )
+        if cost is not None and advice.running_depth is not None:
+            floor = cost.floor_s(advice.running_depth)
             yield gauge(
                 "vfleet_decode_step_floor_seconds",
                 "The running depth's decode step at the card's memory bandwidth: the bytes it "
@@ -526,11 +530,7 @@ class VllmCollector(Collector):
                     "card's bandwidth explains 35% of the step).",
                     floor / step,
                 )
-        yield from self._depth_metrics(
-            advise(figures.positions, self.identity.spec_depth, self.step_times, step, cost),
-            names,
-            values,
-        )
+        yield from self._depth_metrics(advice, names, values)
         for key, (name, doc) in QUANTILE_METRICS.items():
             if key in figures.quantiles:
                 q = GaugeMetricFamily(name, doc, labels=[*names, "quantile"])

@@ -335,6 +335,26 @@ RECORDS: tuple[StackRecord, ...] = (
                 "bench/results/h200/switch-run*.json)",
             ),
             Claim(
+                "decode cost model (modelled MTP depths)",
+                Level.MAKE_TEST,
+                "the bytes a batch-1 decode step reads per GPU (vfleet plan's decode line, "
+                "sidecar.json decode_cost) and the sidecar's modelled depths are checked against "
+                "every measured depth pair vfleet has, re-planned through its profiles: the "
+                "H200's 27B AWQ MTP off from MTP 3 with full decode graphs -6.2..-8.5% (a free "
+                "depth -25%), seed 001's depth 2 from 3 +2.6..+6.4%, seed 002 +17.7%, under "
+                "PIECEWISE -18..-40%: in every pair a depth costs more than modelled, so only "
+                "the running depth and shallower ones are modelled. The inputs were checked "
+                "against vLLM 0.24.0's source (one inter-token latency per step and request; "
+                "the MTP drafter's full LM head shard per draft; one SSM state per verified "
+                "token). No GPU has run the depths lane yet (docs/TUNE.md, The cost model; "
+                "bench/results/decode-cost/)",
+                (
+                    "tests/unit/test_decode_cost.py::"
+                    "test_the_committed_check_is_what_the_script_prints",
+                    "tests/unit/test_depth.py::test_exporter_models_depths_from_the_live_step",
+                ),
+            ),
+            Claim(
                 "plugin drafter-reload (level 2 wake keeps MTP)",
                 Level.MAKE_TEST,
                 "the SM75 plugin's drafter-reload hooks GPUModelRunner.reload_weights to reload "

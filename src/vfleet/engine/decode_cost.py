@@ -14,11 +14,11 @@ Counted per GPU (TP rank):
   embedding (a decode step gathers one row of it) and the MTP module (only the draft runs it);
   the LM head stays in (the target scores every step);
 - state: 2 x GDN layers x (SSM + conv state) of one sequence: read, then written back;
-- per depth: the MTP module / TP, the LM head rows one draft call reads (vLLM's padded shard, or
-  the SM75 plugin's pruned share where draft-prune is on), and one more SSM state per GDN layer
-  (vLLM's speculative GDN kernel keeps the state of every verified token: "keep the states for
-  multi-query tokens", fla/ops/fused_sigmoid_gating.py in 0.21.0 and 0.24.0,
-  third_party/flash_linear_attention/ops/ in 0.27.1).
+- per depth: one MTP layer / TP (a draft call runs one), the LM head rows it scores (vLLM's
+  padded shard, or the SM75 plugin's pruned share where draft-prune is on), and one more SSM
+  state per GDN layer (vLLM's speculative GDN kernel keeps the state of every verified
+  token: "keep the states for multi-query tokens", fla/ops/fused_sigmoid_gating.py in 0.21.0
+  and 0.24.0, third_party/flash_linear_attention/ops/ in 0.27.1).
 
 Not counted: attention's KV reads (they grow with the context: the model is for short
 contexts), the vision tower (prefill only), activations, all-reduce time at TP > 1.
@@ -50,7 +50,7 @@ class DecodeCost:
     head_bytes: int
     verify_state_bytes: int  # per depth: one more SSM state per GDN layer in the verify
     target_layers: int
-    draft_layers: int
+    draft_layers: int  # layers one draft call runs: one MTP layer
     graph_mode: str  # the rendered CUDA graph mode (NONE, PIECEWISE, FULL_AND_PIECEWISE, ...)
     bandwidth: Bandwidth | None  # None: no figure for this card; floors unknown
 
@@ -128,12 +128,14 @@ def decode_cost(launch: Deployment) -> DecodeCost:
         tp=tp,
         weights_bytes=target,
         state_bytes=2 * gdn * (ssm + conv),
-        mtp_bytes=parts.get("mtp", 0) // tp if mtp else 0,
+        # vLLM runs one MTP layer per draft call (qwen3_5_mtp.py: layers[spec_step_idx %
+        # num_mtp_layers]); every preset has one
+        mtp_bytes=parts.get("mtp", 0) // tp // arch.mtp_layers if mtp else 0,
         head_rows=head_rows,
         head_bytes=head_rows * arch.hidden_size * BYTES_PER_VALUE,  # 16-bit in every checkpoint
         verify_state_bytes=gdn * ssm if mtp else 0,
         target_layers=arch.num_hidden_layers,
-        draft_layers=arch.mtp_layers if mtp else 0,
+        draft_layers=1 if mtp else 0,
         graph_mode=cuda_graphs(args, d.max_num_seqs)[0]
         if profile.accelerator.kind != "cpu"
         else "NONE",

@@ -520,9 +520,9 @@ def _depth(r: Reading, f: Figures) -> dict[str, Any]:
     cost = r.target.decode_cost
     if r.target.decode_cost_problem:
         r.warnings.append(f"no decode cost model: {r.target.decode_cost_problem}")
-    advice = advise(
-        f.positions, r.target.spec_depth, StepTimesSource(r.target.step_times), step, cost
-    )
+    running = max(1, round(f.scalars.get("requests_running", 1.0)))
+    source = StepTimesSource(r.target.step_times)
+    advice = advise(f.positions, r.target.spec_depth, source, step, cost, running)
     if cost is not None and advice.running_depth is not None:
         floor = cost.floor_s(advice.running_depth)
         out["decode_step_floor_seconds"] = floor

@@ -620,7 +620,7 @@ def write_step_times(
         concurrency=bench.concurrency,
         accepted_per_draft=accepted,
     )
-    model = cost_model_check(t, winner, times)
+    model = cost_model_check(t, state, winner, times)
     local = out_dir / STEP_TIMES_FILE
     save_step_times(local, table)
     on_host = t.launch.host.step_times_file(t.launch.instance)
@@ -636,26 +636,36 @@ def write_step_times(
     }
 
 
-def cost_model_check(t: Target, winner: Result, times: dict[int, float]) -> dict[str, Any]:
+def cost_model_check(
+    t: Target, state: State, winner: Result, times: dict[int, float]
+) -> dict[str, Any]:
     """How far the decode cost model (docs/TUNE.md, "The cost model"), which the sidecar uses
-    where no table exists, is from the depths this tune measured on this box: each depth
-    modelled from the winner's. Said on stderr and kept in tune.json."""
+    where no table exists, is from the depths this tune measured on this box: each shallower
+    depth modelled from the deepest one's step, as the sidecar models from a running depth
+    (planned with that candidate's settings: a depth-0 winner has no MTP to model). Said on
+    stderr and kept in tune.json."""
     from vfleet_healthcheck.depth import StepCost
 
-    try:  # a report line: it must never stop the rollout that follows
-        cost = decode_cost(t.resolve_with(winner.sets)).sidecar()
-    except VfleetError as exc:
-        cost, failed = None, exc.message
+    base = max(times)
+    others = {k: v for k, v in winner.picks.items() if k != "depth"}
+    deepest = next(
+        (r for r in state.results.values()
+         if r.picks.get("depth") == str(base)
+         and {k: v for k, v in r.picks.items() if k != "depth"} == others),
+        None,
+    )  # fmt: skip
+    cost, why = None, ""
+    if base == 0 or len(times) < 2 or deepest is None:
+        why = "fewer than two depths measured beside the winner, one of them with MTP"
     else:
-        failed = ""
-    base = int(winner.picks.get("depth", -1))
-    if failed:
-        why = f"the winner's plan: {failed}"
-    elif cost is None:
-        why = "no memory-bandwidth figure for this card (accelerator.memory_bandwidth_gbs)"
-    elif base not in times or len(times) < 2:
-        why = "fewer than two depths measured beside the winner"
-    else:
+        try:  # a report line: it must never stop the rollout that follows
+            cost = decode_cost(t.resolve_with(deepest.sets)).sidecar()
+        except VfleetError as exc:
+            why = f"the plan of MTP {base}: {exc.message}"
+        else:
+            if cost is None:
+                why = "no memory-bandwidth figure for this card (accelerator.memory_bandwidth_gbs)"
+    if cost is not None and not why:
         errors = StepCost.from_json(cost, "decode_cost").errors(times, base)
         said = ", ".join(f"MTP {d} {e * 100:+.1f}%" for d, e in errors.items())
         print(f"tune: the decode cost model from MTP {base}'s step: {said}", file=sys.stderr)

@@ -39,8 +39,10 @@
 #             python3 (the image has no Ansible)
 #   vswitch [SECONDS [UP ARGS]]
 #             issue 32 with `vfleet switch` itself (bench/gpu_vswitch.py): up (tiny a + mid b,
-#             nginx front, b the standby; UP ARGS go to `up`, e.g. --plugin-b off), the switch
-#             sequence under load, down; stopped by `timeout` after SECONDS (default 800)
+#             nginx front, b the standby; UP ARGS go to `up`, e.g. --plugin-b off, or --pair
+#             27b-awq --start-timeout 600 for the two AWQ 27B presets at their own size with
+#             random weights), the switch sequence under load, down; stopped by `timeout` after
+#             SECONDS (default 800; the 27B pair on a fresh host needs about 1,100)
 #   graphs MODEL [SECONDS]
 #             issue 31 item 5 on a preset at its own size (dummy weights): single-stream decode
 #             with PIECEWISE graphs (the render's default then) against FULL_AND_PIECEWISE, MTP off

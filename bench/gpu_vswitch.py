@@ -65,7 +65,20 @@ REPO = lane.REPO
 STATE = "vswitch-state.json"
 SERVED = "chat"
 FRONT_PORT = 8080
-MODELS = {"a": "tiny-hybrid-mtp", "b": "mid-hybrid-mtp"}
+# The pairs `up --pair` sets up (instance -> model). tiny-mid: the generated models (real
+# text, MTP accepts). 27b-awq: the two AWQ 27B presets at their own size with random weights
+# (the lane's --dummy-weights: a config-only folder each), the same architecture under two
+# names, each with its own torch.compile cache: a switch at real scale (18 GB of weights a side
+# backed up and restored at level 1), outputs noise and MTP acceptance 0 (issue 32's real scale).
+PAIRS = {
+    "tiny-mid": {"a": "tiny-hybrid-mtp", "b": "mid-hybrid-mtp"},
+    "27b-awq": {"a": "qwen3.6-27b-awq-int4", "b": "qwen3.8-27b-awq-mtp"},
+}
+MODELS = PAIRS["tiny-mid"]  # the instance names (a, b) and the default pair
+# The window of a pair at real scale: two engines at 0.45 of the card each, bf16 KV (fp8 KV's
+# wake fails on 0.24.0), leave each ~14 GiB of KV on an 80 GB card, below the preset's 262,144
+# tokens (64 KiB a token); 32,768 is what the issue's first look served.
+REAL_WINDOW = "max_model_len=32768"
 PORTS = {"a": 8001, "b": 8002}
 
 
@@ -107,11 +120,19 @@ def plugin_of(a: argparse.Namespace, inst: str) -> str:
     return str(a.plugin)
 
 
+def pair_sets(pair: str, model: str) -> list[str]:
+    """The lane's settings for `model` in `pair`: the generated models' window, or the dummy
+    weights' settings and REAL_WINDOW for a pair at real scale."""
+    if pair == "tiny-mid":
+        return list(lane.BASE_SETS)
+    return [*lane.dummy_base_sets(model), REAL_WINDOW]
+
+
 def inventory(a: argparse.Namespace, base: Path, levels: dict[str, int]) -> dict[str, Any]:
     hosts = {}
-    for inst, model in MODELS.items():
+    for inst, model in PAIRS[a.pair].items():
         sets = [
-            *lane.BASE_SETS,
+            *pair_sets(a.pair, model),
             f"port={PORTS[inst]}",
             f"served_model_name={SERVED}",
             f"model_dir={Path(a.models_dir).expanduser() / model}",
@@ -312,9 +333,11 @@ def cmd_up(a: argparse.Namespace) -> int:
     # The models (no downloads) and the venv wrapper launch.sh execs (gpu_lane.prepare_host).
     sw = argparse.Namespace(
         base_dir=str(base), python=a.python, pythonpath=a.pythonpath, cuda_home=a.cuda_home,
-        profile=a.profile, models_dir=a.models_dir, sets=[], dummy_weights=False,
+        profile=a.profile, models_dir=a.models_dir, sets=[], dummy_weights=a.pair != "tiny-mid",
     )  # fmt: skip
-    host_a = gs.host_for(sw, MODELS["a"])
+    models = PAIRS[a.pair]
+    result["pair"] = {"name": a.pair, **models}
+    host_a = gs.host_for(sw, models["a"])
     result["machine"] = lane.machine_facts(a.python, host_a.env())
     write_inventory(base / "inv.yml", inventory(a, base, {"a": 1, "b": 1}))
     for inst in MODELS:
@@ -326,6 +349,14 @@ def cmd_up(a: argparse.Namespace) -> int:
         link = base / "cache" / "b"
         if not link.exists() and not link.is_symlink():
             link.symlink_to(base / "cache" / "a")
+        # and b's HOME caches are a's (FlashInfer's JIT objects and CUDA's compute cache live
+        # under the instance HOME that launch.sh sets): the bf16-KV decode kernels a's first
+        # request builds on a fresh host are not built a second time for b
+        home_a = base / "instances" / "a" / "home" / ".cache"
+        home_a.mkdir(parents=True, exist_ok=True)
+        home_b = base / "instances" / "b" / "home" / ".cache"
+        if not home_b.exists() and not home_b.is_symlink():
+            home_b.symlink_to(home_a)
     engs = engines(base)
     ea, eb = engs
     # a first; b starts once a is ready (vLLM's memory profile must not see a start beside it),
@@ -334,7 +365,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     gs.start(ea, base / "logs")
     save(base, engs, {})
     # The mid model builds (CPU, ~45 s) while a starts.
-    build_b = threading.Thread(target=gs.host_for, args=(sw, MODELS["b"]), daemon=True)
+    build_b = threading.Thread(target=gs.host_for, args=(sw, models["b"]), daemon=True)
     build_b.start()
     pa: dict[str, Any] = {}
     result["phases"]["a"] = pa
@@ -562,6 +593,13 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("up")
     common(u)
     u.add_argument("--profile", default=lane.DEFAULT_PROFILE)
+    u.add_argument(
+        "--pair",
+        choices=sorted(PAIRS),
+        default="tiny-mid",
+        help="the two models: tiny-mid (generated, real text) or 27b-awq (the AWQ presets at "
+        "their own size with random weights, window 32,768)",
+    )
     u.add_argument("--util", type=float, default=0.45)
     u.add_argument("--plugin", default="drafter-reload", help="VFLEET_SM75 ('' for none)")
     u.add_argument(

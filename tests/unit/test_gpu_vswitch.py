@@ -1,0 +1,77 @@
+"""bench/gpu_vswitch.py without a GPU: each pair's inventory renders the releases `vfleet switch`
+acts on, as the device run starts them (the 27B pair at its own size with random weights)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_vswitch as vs
+
+
+def _render(tmp_path: Path, pair: str) -> dict[str, dict[str, object]]:
+    a = argparse.Namespace(
+        pair=pair,
+        profile=vs.lane.DEFAULT_PROFILE,
+        models_dir=str(tmp_path / "models"),
+        util=0.45,
+        plugin="drafter-reload",
+        plugin_b=None,
+    )
+    base = tmp_path / "base"
+    base.mkdir()
+    vs.write_inventory(base / "inv.yml", vs.inventory(a, base, {"a": 1, "b": 2}))
+    out = {}
+    for inst in ("a", "b"):
+        rel = vs.render_release(base, inst)
+        cfg = yaml.safe_load((rel / "vllm.yaml").read_text(encoding="utf-8"))
+        env = (rel / "vllm.env").read_text(encoding="utf-8")
+        out[inst] = {"cfg": cfg, "env": env}
+    return out
+
+
+def test_the_27b_pair_serves_both_awq_presets_at_their_size_with_random_weights(
+    tmp_path: Path,
+) -> None:
+    r = _render(tmp_path, "27b-awq")
+    for inst, model in vs.PAIRS["27b-awq"].items():
+        cfg, env = r[inst]["cfg"], r[inst]["env"]
+        assert isinstance(cfg, dict) and isinstance(env, str)
+        assert cfg["model"] == str(tmp_path / "models" / model)
+        assert cfg["load-format"] == "dummy"
+        assert cfg["max-model-len"] == 32768
+        assert cfg["gpu-memory-utilization"] == 0.45
+        assert cfg["enable-sleep-mode"] is True
+        assert cfg["served-model-name"] == vs.SERVED
+        assert cfg["port"] == vs.PORTS[inst]
+        assert "kv-cache-dtype" not in cfg or cfg["kv-cache-dtype"] == "auto"
+        assert cfg["speculative-config"]["method"] == "mtp"
+        assert "VFLEET_SM75='drafter-reload'" in env
+    # the multimodal preset starts without an image processor only as a language model
+    assert r["a"]["cfg"]["language-model-only"] is True
+    assert "VFLEET_SLEEP_LEVEL='1'" in str(r["a"]["env"])
+    assert "VFLEET_SLEEP_LEVEL='2'" in str(r["b"]["env"])
+
+
+def test_the_default_pair_stays_the_generated_models_in_their_window(tmp_path: Path) -> None:
+    r = _render(tmp_path, "tiny-mid")
+    for inst, model in vs.MODELS.items():
+        cfg = r[inst]["cfg"]
+        assert isinstance(cfg, dict)
+        assert cfg["model"] == str(tmp_path / "models" / model)
+        assert cfg["max-model-len"] == 4096
+        assert "load-format" not in cfg
+
+
+def test_up_names_only_the_pairs_it_knows(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        vs.main(["up", "--pair", "27b-fp8"])
+    assert exc.value.code == 2
+    assert "27b-awq" in capsys.readouterr().err

@@ -22,6 +22,9 @@ sequence of `vfleet switch to` under a bounded load through the front:
   S5 a->b   a sleeps at level 2, b woken from level 2 (the same for the mid model; with
             --plugin-b off, b has no drafter reload: the acceptance gate must roll it back)
 
+The 27B pair (`up --pair 27b-awq`: random weights) switches five times at level 1 (SEQUENCE_L1):
+a level 2 wake needs a checkpoint to reload.
+
 `vfleet switch` reads an instance's level from the inventory's plan (VFLEET_SLEEP_LEVEL in its
 vllm.env): levels 1 and 2 render the same vllm.yaml and differ in that one variable, which
 vLLM does not read, so the level is changed in the inventory without a restart, and only for an
@@ -363,7 +366,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     # while a answers its first request.
     t0 = time.monotonic()
     gs.start(ea, base / "logs")
-    save(base, engs, {})
+    save(base, engs, {"pair": a.pair})
     # The mid model builds (CPU, ~45 s) while a starts.
     build_b = threading.Thread(target=gs.host_for, args=(sw, models["b"]), daemon=True)
     build_b.start()
@@ -381,7 +384,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     build_b.join()
     tb = time.monotonic()
     gs.start(eb, base / "logs")
-    save(base, engs, {})
+    save(base, engs, {"pair": a.pair})
     pb: dict[str, Any] = {}
     result["phases"]["b"] = pb
     th.join(a.start_timeout)
@@ -421,7 +424,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     eb.level = 1
     time.sleep(1)
     result["memory_b_asleep_l1"] = gs.memory(engs)
-    save(base, engs, {})
+    save(base, engs, {"pair": a.pair})
     result["seconds"] = round(time.monotonic() - t_all, 1)
     gs.write(out, "up.json", result)
     ok = all(result[k]["rc"] == 0 for k in ("balancer_render", "balancer_start", "drain_a",
@@ -451,18 +454,28 @@ SEQUENCE = (
     ("a", {"b": 2}),
     ("b", {}),
 )
+# A pair with random weights switches at level 1 only: a level 2 wake reloads the weights from
+# the checkpoint, and vLLM 0.24.0's reload_weights raises NotImplementedError for
+# `load-format: dummy` (its loader has no get_all_weights: v1/worker/gpu_model_runner.py).
+SEQUENCE_L1 = (("b", {}), ("a", {}), ("b", {}), ("a", {}), ("b", {}))
+
+
+def sequence_of(pair: str) -> tuple[tuple[str, dict[str, int]], ...]:
+    return SEQUENCE if pair == "tiny-mid" else SEQUENCE_L1
 
 
 def cmd_switch(a: argparse.Namespace) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     base = Path(a.base_dir).expanduser()
-    engs, _ = load_engines(base)
+    engs, state = load_engines(base)
+    pair = str(state.get("pair", "tiny-mid"))
     lb, inv = str(base / "lb"), str(base / "inv.yml")
     t_ref = time.perf_counter()
     load = Load(a, t_ref)
     result: dict[str, Any] = {
         "step": "switch",
+        "pair": pair,
         "streams": a.streams,
         "max_tokens": a.max_tokens,
         "request_timeout_s": a.request_timeout_s,
@@ -478,7 +491,7 @@ def cmd_switch(a: argparse.Namespace) -> int:
                 result["error"] = "the load got no answer in 120 s before the first switch"
                 break
             time.sleep(0.2)
-        for to, levels in SEQUENCE:
+        for to, levels in sequence_of(pair):
             if "error" in result:
                 break
             if a.budget_s and time.monotonic() - t_all > a.budget_s:

@@ -75,3 +75,10 @@ def test_up_names_only_the_pairs_it_knows(capsys: pytest.CaptureFixture[str]) ->
         vs.main(["up", "--pair", "27b-fp8"])
     assert exc.value.code == 2
     assert "27b-awq" in capsys.readouterr().err
+
+
+def test_a_pair_with_random_weights_switches_at_level_1_only() -> None:
+    # vLLM 0.24.0's reload_weights has no checkpoint to read with load-format dummy
+    assert all(not levels for _, levels in vs.sequence_of("27b-awq"))
+    assert [to for to, _ in vs.sequence_of("27b-awq")] == ["b", "a", "b", "a", "b"]
+    assert any(2 in levels.values() for _, levels in vs.sequence_of("tiny-mid"))

@@ -148,7 +148,7 @@ install)
         exit 2
     fi
     python3 -m pip install -q --no-index --no-deps --target $SITE build/wheels/*.whl
-    PYTHONPATH=$SITE python3 -c 'import vllm, flashinfer; print("vllm", vllm.__version__, "flashinfer", flashinfer.__version__)'
+    PYTHONPATH=$SITE python3 -c 'import vllm, flashinfer, vfleet_healthcheck, vfleet_sm75; print("vllm", vllm.__version__, "flashinfer", flashinfer.__version__, "+ vfleet_healthcheck, vfleet_sm75")'
     # nothing to install (exit 0) when flashinfer-cubin was not built
     python3 bench/gpu_wheelhouse.py install --wheelhouse ~/wh --target ~/site-cubin --only flashinfer-cubin
     echo "install took $(($(date +%s) - t0)) s"

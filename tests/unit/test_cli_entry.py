@@ -22,7 +22,8 @@ def test_a_missing_companion_is_named_with_its_fix(names: list[str]) -> None:
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{', '.join(names)} {'are' if len(names) > 1 else 'is'} not installed" in r.stderr
-    assert "fix: make venv" in r.stderr and "-e ./healthcheck" in r.stderr, r.stderr
+    assert "fix: from the repository, pip install -e ./healthcheck" in r.stderr, r.stderr
+    assert "make venv" in r.stderr, r.stderr
 
 
 def test_with_them_it_runs_the_command_line() -> None:

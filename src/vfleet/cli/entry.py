@@ -26,8 +26,10 @@ def main() -> int:
         print(
             f"error: vfleet's companion package{'s' if len(gone) > 1 else ''} "
             f"{', '.join(gone)} {'are' if len(gone) > 1 else 'is'} not installed beside it\n"
-            f"  fix: make venv (installs vfleet and both), or from the repository: "
-            f"pip install {folders}",
+            # pip first: `make venv` skips a .venv newer than the pyprojects (one the user
+            # made with `pip install -e .`), so it would not add what is missing.
+            f"  fix: from the repository, pip install {folders} "
+            f"(or make venv where no .venv exists yet: it installs all three)",
             file=sys.stderr,
         )
         return 2

@@ -258,12 +258,32 @@ def install(args: argparse.Namespace) -> int:
     house = Path(args.wheelhouse)
     pieces = sorted(house.glob("chunk-*"))
     if pieces:
+        numbers = [int(p.name.split("-")[1]) for p in pieces if p.name.split("-")[1].isdigit()]
+        gaps = sorted(set(range(1, max(numbers, default=0) + 1)) - set(numbers))
+        if gaps:
+            print(
+                f"{house}: pieces missing: {', '.join(f'chunk-{n:02d}' for n in gaps)}; carry "
+                "them (recv) and run install again",
+                file=sys.stderr,
+            )
+            return 2
         whole = house / "wheels.tar"
         with whole.open("wb") as fh:
             for piece in pieces:
                 fh.write(piece.read_bytes())
-        with tarfile.open(whole) as t:
-            t.extractall(house, filter="data")
+        try:
+            with tarfile.open(whole) as t:
+                t.extractall(house, filter="data")
+        except (tarfile.TarError, EOFError) as exc:
+            whole.unlink()
+            # A full-size last piece means a later one may be missing (the last is shorter).
+            print(
+                f"{house}: chunk-01..{pieces[-1].name} do not join into the whole wheelhouse "
+                f"({exc}): the last piece is missing or a piece was cut; carry the rest (recv) "
+                "and run install again",
+                file=sys.stderr,
+            )
+            return 2
         whole.unlink()
         for piece in pieces:
             piece.unlink()

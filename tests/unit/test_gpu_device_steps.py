@@ -102,3 +102,33 @@ def test_install_from_an_empty_wheelhouse_says_what_to_carry(tmp_path: Path) -> 
     (tmp_path / "wh").mkdir()
     r = _install(tmp_path / "wh", tmp_path / "site")
     assert r.returncode == 2 and "send N" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_install_names_a_missing_piece_and_keeps_the_others(tmp_path: Path) -> None:
+    import tarfile
+
+    wheels, house = tmp_path / "wheels", tmp_path / "wh"
+    wheels.mkdir()
+    house.mkdir()
+    for i in range(3):
+        (wheels / f"big{i}.whl").write_bytes(os.urandom(20_000))
+    whole = tmp_path / "w.tar"
+    with tarfile.open(whole, "w") as tar:
+        for f in sorted(wheels.iterdir()):
+            tar.add(f, arcname=f.name)
+    data = whole.read_bytes()
+    size = 16_384
+    pieces = [data[i : i + size] for i in range(0, len(data), size)]
+    assert len(pieces) >= 3
+    for n, piece in enumerate(pieces, 1):
+        if n != 2:
+            (house / f"chunk-{n:02d}").write_bytes(piece)
+    r = _install(house, tmp_path / "site")
+    assert r.returncode == 2 and "pieces missing: chunk-02" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    # the last piece missing: the join is short, named, and the pieces stay for a retry
+    (house / "chunk-02").write_bytes(pieces[1])
+    (house / f"chunk-{len(pieces):02d}").unlink()
+    r = _install(house, tmp_path / "site")
+    assert r.returncode == 2 and "do not join" in r.stderr and "Traceback" not in r.stderr
+    assert (house / "chunk-01").is_file() and not (house / "wheels.tar").exists()

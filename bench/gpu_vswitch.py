@@ -77,6 +77,9 @@ PAIRS = {
     "tiny-mid": {"a": "tiny-hybrid-mtp", "b": "mid-hybrid-mtp"},
     "27b-awq": {"a": "qwen3.6-27b-awq-int4", "b": "qwen3.8-27b-awq-mtp"},
 }
+# The pairs served from config-only folders with random weights (the one fact the window, the
+# model build and the switch sequence follow).
+RANDOM_WEIGHTS = frozenset({"27b-awq"})
 MODELS = PAIRS["tiny-mid"]  # the instance names (a, b) and the default pair
 # The window of a pair at real scale: two engines at 0.45 of the card each, bf16 KV (fp8 KV's
 # wake fails on 0.24.0), leave each ~14 GiB of KV on an 80 GB card, below the preset's 262,144
@@ -126,7 +129,7 @@ def plugin_of(a: argparse.Namespace, inst: str) -> str:
 def pair_sets(pair: str, model: str) -> list[str]:
     """The lane's settings for `model` in `pair`: the generated models' window, or the dummy
     weights' settings and REAL_WINDOW for a pair at real scale."""
-    if pair == "tiny-mid":
+    if pair not in RANDOM_WEIGHTS:
         return list(lane.BASE_SETS)
     return [*lane.dummy_base_sets(model), REAL_WINDOW]
 
@@ -336,7 +339,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     # The models (no downloads) and the venv wrapper launch.sh execs (gpu_lane.prepare_host).
     sw = argparse.Namespace(
         base_dir=str(base), python=a.python, pythonpath=a.pythonpath, cuda_home=a.cuda_home,
-        profile=a.profile, models_dir=a.models_dir, sets=[], dummy_weights=a.pair != "tiny-mid",
+        profile=a.profile, models_dir=a.models_dir, sets=[], dummy_weights=a.pair in RANDOM_WEIGHTS,
     )  # fmt: skip
     models = PAIRS[a.pair]
     result["pair"] = {"name": a.pair, **models}
@@ -461,7 +464,7 @@ SEQUENCE_L1 = (("b", {}), ("a", {}), ("b", {}), ("a", {}), ("b", {}))
 
 
 def sequence_of(pair: str) -> tuple[tuple[str, dict[str, int]], ...]:
-    return SEQUENCE if pair == "tiny-mid" else SEQUENCE_L1
+    return SEQUENCE_L1 if pair in RANDOM_WEIGHTS else SEQUENCE
 
 
 def cmd_switch(a: argparse.Namespace) -> int:

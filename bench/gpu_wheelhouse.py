@@ -20,6 +20,7 @@ import argparse
 import base64
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -271,12 +272,17 @@ def install(args: argparse.Namespace) -> int:
         with whole.open("wb") as fh:
             for piece in pieces:
                 fh.write(piece.read_bytes())
+        # Unpacked beside the house and moved in only when whole: a cut join leaves no
+        # truncated wheel behind.
+        staging = house / ".unpack"
+        shutil.rmtree(staging, ignore_errors=True)
         try:
             with tarfile.open(whole) as t:
-                t.extractall(house, filter="data")
+                t.extractall(staging, filter="data")
         except (tarfile.TarError, EOFError) as exc:
             whole.unlink()
-            # A full-size last piece means a later one may be missing (the last is shorter).
+            shutil.rmtree(staging, ignore_errors=True)
+            # No gap in the numbers: the last piece is missing, or one was cut short.
             print(
                 f"{house}: chunk-01..{pieces[-1].name} do not join into the whole wheelhouse "
                 f"({exc}): the last piece is missing or a piece was cut; carry the rest (recv) "
@@ -284,6 +290,9 @@ def install(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        for f in staging.iterdir():
+            f.replace(house / f.name)
+        staging.rmdir()
         whole.unlink()
         for piece in pieces:
             piece.unlink()

@@ -132,3 +132,25 @@ def test_install_names_a_missing_piece_and_keeps_the_others(tmp_path: Path) -> N
     r = _install(house, tmp_path / "site")
     assert r.returncode == 2 and "do not join" in r.stderr and "Traceback" not in r.stderr
     assert (house / "chunk-01").is_file() and not (house / "wheels.tar").exists()
+    # nothing half-unpacked: no wheel, whole or cut, is left beside the pieces
+    assert not list(house.glob("*.whl")) and not (house / ".unpack").exists()
+
+
+def test_install_joins_the_pieces_and_installs_their_wheels(tmp_path: Path) -> None:
+    import tarfile
+
+    wheels, house = tmp_path / "wheels", tmp_path / "wh"
+    wheels.mkdir()
+    house.mkdir()
+    _wheel(wheels, "vfleet_joined_pkg")
+    whole = tmp_path / "w.tar"
+    with tarfile.open(whole, "w") as tar:
+        for f in wheels.iterdir():
+            tar.add(f, arcname=f.name)
+    data = whole.read_bytes()
+    for n, i in enumerate(range(0, len(data), 4096), 1):
+        (house / f"chunk-{n:02d}").write_bytes(data[i : i + 4096])
+    r = _install(house, tmp_path / "site")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "site" / "vfleet_joined_pkg.py").is_file()
+    assert [p.name for p in house.iterdir()] == ["vfleet_joined_pkg-1.0-py3-none-any.whl"]

@@ -348,6 +348,19 @@ def unit_show(node: Node, unit: str = "vfleet-vllm@main.service") -> dict[str, s
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def unit_journals(fleet: Fleet, lines: int = 25) -> str:
+    """systemd's own account of each host's vLLM unit (how its main process ended, and who
+    stopped or restarted it): for a failed swap's message, beside the role's report."""
+    out = []
+    for name, n in fleet.nodes.items():
+        j = n.host.run(
+            f"journalctl -u vfleet-vllm@main.service --no-pager -o short-precise -n {lines}",
+            check=False,
+        )
+        out.append(f"--- {name}: journalctl -u vfleet-vllm@main.service\n{j.stdout}")
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------------------------ tests
 
 
@@ -925,6 +938,8 @@ def test_crash_loop_stops_at_the_start_limit_and_doctor_says_why(fleet: Fleet) -
     proc = make(fleet, "deploy", "HOST=node1", *inst)
     assert proc.returncode != 0
     assert "instance broken did not become ready" in proc.stdout, proc.stdout[-3000:]
+    assert re.search(r"its main process exited [1-9]", proc.stdout), proc.stdout[-3000:]
+    assert re.search(r"last error in the log: .*(safetensors|Error)", proc.stdout, re.I)
     unit = "vfleet-vllm@broken.service"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -1065,7 +1080,7 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
     record("swap_fleet_behind_nginx", {"swap": report, "load_steady": steady,
                                        "load_during": during, "load_after": after,
                                        "load": total})  # fmt: skip
-    assert rc == 0, err[-3000:]
+    assert rc == 0, err[-5000:] + "\n" + unit_journals(fleet)
     # Nothing outside vfleet's folder changed owner, mode, size, mtime or link target on
     # either host, but what the swap rewrites in root's own folders (SWAP_WRITES).
     changed = {n: sorted(set(scans[n]) ^ set(rescans[n])) for n in scans}
@@ -1109,6 +1124,10 @@ def test_broken_canary_is_rolled_back_and_the_rest_is_never_touched(
     record("swap_fleet_broken_canary", {"swap": report, "load": total})
     assert rc == 1, err[-3000:]
     assert "swap of node1 to tiny-hybrid-mtp failed at" in err
+    # Why, as the operator reads it: how systemd saw the server end, and the log's error lines
+    # (the loader's complaint about the cut weights), not the tail of an exit's leak report.
+    assert re.search(r"its main process exited [1-9]", err), err[-3000:]
+    assert re.search(r"last error in the log: .*(safetensors|Error)", err, re.I), err[-3000:]
     hosts = {h["host"]: h for h in report["hosts"]}
     assert f"back on tiny-dense as {MODEL} (previous release), serving" in hosts["node1"]["outcome"]
     assert hosts["node2"]["recap"] is None and "not touched" in hosts["node2"]["outcome"]
@@ -1135,7 +1154,7 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         t0 = load.now()
         rc, report, err = swap(fleet, "node1", "--model", MODEL)
         swapped = report.get("hosts", [{}])[0]
-        assert rc == 0, err[-3000:]
+        assert rc == 0, err[-5000:] + "\n" + unit_journals(fleet)
         assert (swapped["weights_before"], swapped["weights_after"]) == ("tiny-dense", MODEL)
         assert swapped["outcome"] == f"swapped to {MODEL}", swapped
         # A single box has no spare capacity: the swap costs downtime, and says how much.
@@ -1182,7 +1201,7 @@ def _perf_reference(fleet: Fleet, node: Node, current: str) -> str:
         fleet, node.host.name, "--model", MODEL, "--set", f"served_model_name={MODEL}",
         "--set", "shutdown_timeout_s=35",
     )  # fmt: skip
-    assert rc == 0, err[-3000:]
+    assert rc == 0, err[-5000:] + "\n" + unit_journals(fleet)
     assert report["hosts"][0]["perf"]["state"] == "off", report["hosts"][0]
     return node.host.run(f"cat {current}/perf.json").stdout
 
@@ -1290,7 +1309,7 @@ def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Flee
     total = load.summary(load.requests)
     record("swap_two_replicas_one_box", {"swap": report, "load": total})
     try:
-        assert rc == 0, err[-3000:]
+        assert rc == 0, err[-5000:] + "\n" + unit_journals(fleet)
         hosts = {h["host"]: h for h in report["hosts"]}
         for name in ("node2", "node2b"):
             assert hosts[name]["outcome"] == f"swapped to {MODEL}", hosts[name]

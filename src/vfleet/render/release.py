@@ -37,6 +37,7 @@ from vfleet.engine.decode_cost import decode_cost
 from vfleet.engine.rules import CACHE_ENV, DRAFT_VOCAB_FILE, plugin_state_file
 from vfleet.engine.warmup import warmup_plan
 from vfleet.errors import VfleetError
+from vfleet.hostside.logwhy import LAUNCH_MARK
 from vfleet.paths import TEMPLATES_DIR
 
 MARKER = ".vfleet-render"
@@ -239,6 +240,7 @@ def context(launch: Launch, *, redact: bool = False) -> dict[str, Any]:
         "model": launch.model.name,
         "vllm_version": launch.stack.vllm,
         "server_module": launch.server_module,
+        "launch_mark": LAUNCH_MARK,
         "python": f"{launch.venv}/bin/python",
         "args": [
             {"rule": e.rule, "reason": e.reason, "yaml": _yaml_entry(e.key, e.value)}

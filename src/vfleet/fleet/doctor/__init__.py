@@ -20,7 +20,7 @@ from vfleet.fleet.doctor.drift_checks import drift, launch_argv
 from vfleet.fleet.doctor.gpus import parse_apps, parse_cuda_version, parse_gpus
 from vfleet.fleet.doctor.host_checks import check_plugin
 from vfleet.fleet.doctor.judge import RUNTIME_CHECKS, findings_from, judge, preflight
-from vfleet.fleet.doctor.service import last_error
+from vfleet.hostside.logwhy import last_error
 
 __all__ = [
     "RUNTIME_CHECKS",

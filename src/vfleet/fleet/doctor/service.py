@@ -3,77 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from vfleet.fleet.doctor.common import Finding, fail, make_deploy, ok, restart_command, warn
+from vfleet.hostside.logwhy import last_error, since_last_start
 from vfleet.render.plan import Plan
-
-_LOG_PREFIXES = (
-    re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?: "),  # pm2 time
-    re.compile(r"^\(\w+ pid=\d+\) "),  # vLLM's process tag: (APIServer pid=12)
-)
-_LEVEL = re.compile(
-    r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)"
-    r"(?: \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?|:\s+)"  # vLLM's, or uvicorn's
-)
-_EXCEPTION = re.compile(
-    r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$"
-)
-_ERROR_WORD = re.compile(r"\bError\b|\berror:|\bERROR\b|\bfatal:|\bFATAL\b")
-
-
-def _log_message(line: str) -> tuple[str | None, str]:
-    for prefix in _LOG_PREFIXES:
-        line = prefix.sub("", line, count=1)
-    m = _LEVEL.match(line)
-    return (m.group(1), line[m.end() :]) if m else (None, line)
-
-
-def _clip(text: str, limit: int = 400) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def last_error(lines: list[str]) -> str | None:
-    """The last meaningful error of a log tail: the last line of a Python traceback, else the
-    last error line. vLLM's "see the root cause above" gets the earlier exception added."""
-    msgs = [_log_message(line) for line in lines]
-    for i in range(len(msgs) - 1, -1, -1):
-        level, msg = msgs[i]
-        if level in ("DEBUG", "INFO", "WARNING") or not msg.strip():
-            continue
-        if _EXCEPTION.match(msg):
-            # pydantic and friends put the reason on the indented lines below the exception.
-            detail: list[str] = []
-            for _, m in msgs[i + 1 : i + 3]:
-                if not m[:1].isspace():
-                    break
-                if not m.strip().startswith("For further information"):
-                    detail.append(m.strip())
-            msg = ": ".join([msg.rstrip(":"), *detail])
-            if "root cause" in msg:
-                earlier = [
-                    m
-                    for lv, m in msgs[max(0, i - 100) : i]
-                    if lv not in ("DEBUG", "INFO", "WARNING") and _EXCEPTION.match(m) and m != msg
-                ]
-                if earlier:
-                    msg = f"{msg} (root cause: {earlier[-1]})"
-            return _clip(msg)
-        if (
-            not msg[0].isspace()
-            and not msg.startswith("Traceback")
-            and (level in ("ERROR", "CRITICAL") or _ERROR_WORD.search(msg))
-        ):
-            return _clip(msg)
-    return None
 
 
 def _why_from_log(plan: Plan, facts: dict[str, Any]) -> str:
     tail = facts.get("log_tail")
     if tail is None:
         return f"; no log at {plan.service.log_file}"
-    reason = last_error(tail)
+    reason = last_error(since_last_start(tail))
     return f"; last error in {plan.service.log_file}: {reason}" if reason else ""
 
 

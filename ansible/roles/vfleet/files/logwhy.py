@@ -1,0 +1,1 @@
+../../../../src/vfleet/hostside/logwhy.py

@@ -1,0 +1,163 @@
+"""Why a vLLM server stopped, read from the end of its log (standard library only).
+
+Two users, one rule:
+
+- the role, as root on the host, when an instance does not become ready (tasks/ready.yml):
+
+      python3 -c "$(cat logwhy.py)" /opt/vfleet/logs/vllm-main.log
+
+  prints the last meaningful error and the log's last lines without the noise an exiting vLLM
+  writes;
+- `vfleet doctor` (fleet/doctor/service.py) calls ``last_error`` on the log tail that
+  hostfacts.py brings back.
+
+The noise is why this exists: a vLLM that exits ends its log with nanobind's leak report (30-odd
+lines from Triton's bindings) and multiprocessing's resource-tracker warnings, so a plain tail of
+40 lines held nothing else (a failed swap in CI, stop 41) and the reason was not reported.
+
+The log lies in vfleet's logs folder, root's own: it is opened without following a link all the
+same, and only its last 256 KiB are read (it is appended to forever).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+READ_BYTES = 256 * 1024
+# The line launch.sh writes before it starts vLLM (templates/launch.sh.j2): where a start's
+# lines begin.
+LAUNCH_MARK = "vfleet launch: "
+# What the role reads of the log's end, and how many of its last lines it shows.
+SCAN_LINES = 400
+SHOW_LINES = 15
+
+_LOG_PREFIXES = (
+    re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?: "),  # pm2 time
+    re.compile(r"^\(\w+ pid=\d+\) "),  # vLLM's process tag: (APIServer pid=12)
+)
+_LEVEL = re.compile(
+    r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)"
+    r"(?: \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?|:\s+)"  # vLLM's, or uvicorn's
+)
+_EXCEPTION = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$"
+)
+_ERROR_WORD = re.compile(r"\bError\b|\berror:|\bERROR\b|\bfatal:|\bFATAL\b")
+# An exiting process's reports, and the readiness probe's own progress lines.
+_NOISE = re.compile(
+    r"^nanobind: |^ - (?:leaked|\.\.\. skipped)|refleaks\.html|resource_tracker|"
+    r"^\s+warnings\.warn\(|^waiting for http"
+)
+
+
+def _log_message(line: str) -> tuple[str | None, str]:
+    for prefix in _LOG_PREFIXES:
+        line = prefix.sub("", line, count=1)
+    m = _LEVEL.match(line)
+    return (m.group(1), line[m.end() :]) if m else (None, line)
+
+
+def _clip(text: str, limit: int = 400) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def last_error(lines: list[str]) -> str | None:
+    """The last meaningful error of a log tail: the last line of a Python traceback, else the
+    last error line. vLLM's "see the root cause above" gets the earlier exception added."""
+    msgs = [_log_message(line) for line in lines]
+    for i in range(len(msgs) - 1, -1, -1):
+        level, msg = msgs[i]
+        if level in ("DEBUG", "INFO", "WARNING") or not msg.strip():
+            continue
+        if _EXCEPTION.match(msg):
+            # pydantic and friends put the reason on the indented lines below the exception.
+            detail: list[str] = []
+            for _, m in msgs[i + 1 : i + 3]:
+                if not m[:1].isspace():
+                    break
+                if not m.strip().startswith("For further information"):
+                    detail.append(m.strip())
+            msg = ": ".join([msg.rstrip(":"), *detail])
+            if "root cause" in msg:
+                earlier = [
+                    m
+                    for lv, m in msgs[max(0, i - 100) : i]
+                    if lv not in ("DEBUG", "INFO", "WARNING") and _EXCEPTION.match(m) and m != msg
+                ]
+                if earlier:
+                    msg = f"{msg} (root cause: {earlier[-1]})"
+            return _clip(msg)
+        if (
+            not msg[0].isspace()
+            and not msg.startswith("Traceback")
+            and (level in ("ERROR", "CRITICAL") or _ERROR_WORD.search(msg))
+        ):
+            return _clip(msg)
+    return None
+
+
+def without_noise(lines: list[str]) -> list[str]:
+    """The lines that say something: not nanobind's leak report, the resource tracker's
+    warnings or the probe's "waiting for" lines. nanobind's last line ends without a newline,
+    so the next writer's first line may be glued to it: that part is kept."""
+    out = []
+    for line in lines:
+        if "refleaks.html" in line:
+            line = line.split("refleaks.html", 1)[1]
+        if line.strip() and not _NOISE.search(line):
+            out.append(line)
+    return out
+
+
+def read_tail(path: str, lines: int = SCAN_LINES) -> list[str]:
+    """The last ``lines`` lines of the file at ``path``, which must not be a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        start = max(0, size - READ_BYTES)
+        fh.seek(start)
+        text = fh.read().decode(errors="replace").splitlines()
+    if start > 0 and text:
+        text = text[1:]  # the first line was cut
+    return text[-lines:]
+
+
+def since_last_start(lines: list[str]) -> list[str]:
+    """The lines from the last start on (launch.sh's mark), or all of them without one."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(LAUNCH_MARK):
+            return lines[i:]
+    return lines
+
+
+def report(lines: list[str], show: int = SHOW_LINES) -> str:
+    """The last error of the last start and its last lines, for a person to read."""
+    lines = since_last_start(lines)
+    reason = last_error(lines)
+    kept = [_clip(x, 300) for x in without_noise(lines)[-show:]]
+    return "\n".join(
+        [
+            f"last error in the log: {reason}" if reason else "no error line since the last start",
+            "its last lines (leak reports and warnings left out):",
+            *(f"  {x}" for x in kept),
+        ]
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: logwhy.py LOG_FILE", file=sys.stderr)
+        return 2
+    try:
+        lines = read_tail(argv[1])
+    except OSError as exc:
+        print(f"cannot read {argv[1]}: {exc.strerror}")
+        return 0  # a report, not a second failure: the caller fails with its own message
+    print(report(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

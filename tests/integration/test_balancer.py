@@ -10,7 +10,10 @@ behind nginx with real vLLM servers is in test_fleet_hosts.py.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -152,6 +155,29 @@ def test_a_replica_that_goes_away_costs_no_request(lb) -> None:  # type: ignore[
     reps["a"].close()  # connections to a are refused from now on
     answers = [get(f"{url}/v1/chat/completions", b"{}") for _ in range(20)]
     assert answers == [(200, "b")] * 20  # POST retried on b (non_idempotent): nothing lost
+
+
+def test_a_stale_pid_file_never_signals_the_process_that_holds_the_number_now(lb, cli) -> None:  # type: ignore[no-untyped-def]
+    """nginx killed without its exit (SIGKILL, a power cut) leaves nginx.pid behind; the number
+    in it is handed out again. A process holding it now is neither reloaded nor stopped."""
+    prefix, _url, _reps = lb
+    pid = int((prefix / "nginx.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        # As if the kernel had given nginx's number to `sleep`.
+        (prefix / "nginx.pid").write_text(f"{stranger.pid}\n")
+        res = cli("balancer", "stop", str(prefix))
+        assert res.rc == 0 and "nginx is not running" in res.out, res.out + res.err
+        res = cli("balancer", "drain", str(prefix), "a")  # a reload only if nginx runs
+        assert res.rc == 0, res.err
+        time.sleep(0.5)
+        assert stranger.poll() is None  # neither SIGQUIT nor SIGHUP reached it
+        state = json.loads(cli("balancer", "show", str(prefix), "--json").out)
+        assert state["running_pid"] is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_draining_the_last_replica_is_refused(lb, cli) -> None:  # type: ignore[no-untyped-def]

@@ -73,9 +73,14 @@ def start(log: Path, timeout: float = 120) -> Engine:
     pidfile = CACHE / "dockerd.pid"
     if pidfile.exists():  # an engine left behind by an interrupted run: stop it
         try:
-            os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
-            time.sleep(3)
-        except (ValueError, ProcessLookupError, PermissionError):
+            pid = int(pidfile.read_text().strip())
+            # Only if that number is still our dockerd: pids are handed out again (pid_max
+            # 32768 here), and a stale file must not stop whatever holds the number now.
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if argv0[0].endswith(b"dockerd") and f"--pidfile={pidfile}".encode() in argv0:
+                os.kill(pid, signal.SIGTERM)
+                time.sleep(3)
+        except (ValueError, OSError):
             pass
     argv = [
         dockerd,

@@ -256,13 +256,16 @@ class Host:
         # PID namespace and every process in it. Killing systemd-nspawn alone does not (seen:
         # an interrupted run left a container's systemd and vLLM running under PID 1).
         try:
-            init = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        except OSError:
+            init = [
+                (int(p), _start_time(int(p)))
+                for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+                .read_text()
+                .split()
+            ]
+        except (OSError, ValueError):
             init = []
         if signum == signal.SIGKILL:  # no poweroff: the container's processes die first
-            for pid in init:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            _kill_same(init)
         # systemd-nspawn turns SIGTERM into an orderly poweroff of the container.
         os.killpg(self.proc.pid, signum)
         try:
@@ -271,9 +274,26 @@ class Host:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         finally:
-            for pid in init:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            _kill_same(init)
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (field 22 of /proc/PID/stat): with its pid, who it is."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _kill_same(procs: list[tuple[int, str | None]]) -> None:
+    """SIGKILL to each process that is still the one seen before. Once the container is gone
+    its init's pid is handed out again (pid_max 32768 here): the number alone may name
+    another test's server."""
+    for pid, started in procs:
+        if started is not None and _start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 SSH_OPTIONS = [

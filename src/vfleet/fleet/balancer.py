@@ -193,12 +193,20 @@ def locked(prefix: Path) -> Iterator[None]:
 
 
 def running_pid(prefix: Path) -> int | None:
+    """The pid of this balancer's nginx master, or None.
+
+    A pid file left by an nginx that was killed names a number the kernel hands out again
+    (pid_max is 32768 on many machines): that process is signalled only if it is an nginx
+    master with this balancer's configuration, never whatever holds the number now.
+    """
     try:
         pid = int((prefix / "nginx.pid").read_text().strip())
-        os.kill(pid, 0)
-        return pid
     except (OSError, ValueError):
         return None
+    title = _title(pid)
+    if not title.startswith("nginx: master process") or str(prefix.resolve() / CONF) not in title:
+        return None
+    return pid
 
 
 def set_down(prefix: Path, host: str, down: bool) -> dict[str, Any]:

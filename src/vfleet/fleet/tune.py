@@ -677,16 +677,31 @@ def cost_model_check(
     return {"not_checked": why}
 
 
+def put_file_script(path: str) -> str:
+    """The sh script that writes its stdin to `path`, replaced whole, as the deploy's user
+    (root where the deploy becomes root).
+
+    It writes only into a folder of that user alone: not a link, owned by the user, not
+    writable by group or others (the instance folder is root's; a service user who could
+    write there could plant a link for root to follow). The new file is a fresh mktemp name,
+    renamed over `path`: a link planted at `path` is replaced, never written through. Exit 3
+    with the reason on stderr otherwise."""
+    d, f = shlex.quote(path.rsplit("/", 1)[0]), shlex.quote(path)
+    return (
+        f'set -eu; d={d}; mkdir -p "$d"; '
+        'if [ -L "$d" ] || [ "$(stat -c %u "$d")" != "$(id -u)" ] || '
+        '[ -n "$(find "$d" -maxdepth 0 -perm /022)" ]; then '
+        'echo "$d is not a folder of $(id -un) alone (a link, another owner, or writable by '
+        'group or others): nothing written" >&2; exit 3; fi; '
+        't=$(mktemp "$d/.vfleet-put.XXXXXX"); '
+        f'cat > "$t"; chmod 0644 "$t"; mv -fT "$t" {f}'
+    )
+
+
 def put_file(t: Target, path: str, text: str) -> str | None:
     """Write `text` to `path` on the host (over ssh as the deploy reaches it, or locally),
-    replaced whole; why it could not be, or None."""
-
-    folder = path.rsplit("/", 1)[0]
-    script = (
-        f"mkdir -p {shlex.quote(folder)} && cat > {shlex.quote(path)}.tmp && "
-        f"mv {shlex.quote(path)}.tmp {shlex.quote(path)}"
-    )
-    command = [*become(t.host_vars, t.host), "sh", "-c", script]
+    replaced whole (put_file_script); why it could not be, or None."""
+    command = [*become(t.host_vars, t.host), "sh", "-c", put_file_script(path)]
     local = str(literal(t.host_vars, "ansible_connection", t.host)) == "local"
     argv = command if local else [*ssh_argv(t.host, t.host_vars), shlex.join(command)]
     try:

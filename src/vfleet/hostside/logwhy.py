@@ -81,9 +81,11 @@ def last_error(lines: list[str]) -> str | None:
                     detail.append(m.strip())
             msg = ": ".join([msg.rstrip(":"), *detail])
             if "root cause" in msg:
+                # Anywhere above: the engine's traceback and the API server's after it ran to
+                # more than 100 lines in vLLM 0.32's logs; callers pass one start's lines.
                 earlier = [
                     m
-                    for lv, m in msgs[max(0, i - 100) : i]
+                    for lv, m in msgs[:i]
                     if lv not in ("DEBUG", "INFO", "WARNING") and _EXCEPTION.match(m) and m != msg
                 ]
                 if earlier:

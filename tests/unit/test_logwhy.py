@@ -147,3 +147,13 @@ def test_the_root_cause_far_above_is_found() -> None:
         "(root cause: safetensors_rust.SafetensorError: Error while deserializing header"
         in (report(lines).splitlines()[0])
     )
+
+
+def test_the_mark_under_pm2s_time_prefix() -> None:
+    """pm2 ("time": true) writes its time before every line, the mark's included."""
+    stamped = [f"2026-12-06T23:10:0{i % 10}: {line}" for i, line in enumerate(
+        (EARLIER + LAST).splitlines()
+    )]  # fmt: skip
+    since = since_last_start(stamped)
+    assert LAUNCH_MARK + "instance main, tiny-dense" in since[0]
+    assert report(stamped).splitlines()[0] == "last error in the log: KeyboardInterrupt: terminated"

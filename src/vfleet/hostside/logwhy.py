@@ -129,7 +129,8 @@ def read_tail(path: str, lines: int = SCAN_LINES) -> list[str]:
 def since_last_start(lines: list[str]) -> list[str]:
     """The lines from the last start on (launch.sh's mark), or all of them without one."""
     for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith(LAUNCH_MARK):
+        # pm2 writes its time before each line ("time": true in the ecosystem file).
+        if _LOG_PREFIXES[0].sub("", lines[i], count=1).startswith(LAUNCH_MARK):
             return lines[i:]
     return lines
 

@@ -397,6 +397,19 @@ RECORDS: tuple[StackRecord, ...] = (
                 "unverified: the +/- is a guess, not a measurement (engine/resident.py, "
                 "docs/PLANNER.md)",
             ),
+            Claim(
+                "resident pair awake at once (27B)",
+                Level.GPU,
+                "measured against the plan, and the plan was wrong: `vfleet plan --standby-model` "
+                "counts 1,247 MiB per engine outside its budget (CUDA context, FlashInfer "
+                "workspace, GDN prefill), so two 27B engines at 0.45 of the H200 (64,420 MiB "
+                "budget each) look like they fit awake together. On the H200 (2026-12-06, "
+                "qwen3.6-27b-awq-int4 and qwen3.8-27b-awq-mtp, random weights, sleep mode, 32K, "
+                "bf16 KV) each held 69.5-70.05 GiB, about 7 GiB over its budget; vLLM's KV "
+                "cache (50.01 GiB) and weights (17.91 GiB) alone exceeded the budget by 5.0 GiB, "
+                "and the second engine's start ran out of memory. Not yet counted by the planner "
+                "(docs/GPU.md section 13; bench/results/h200/vswitch-27b-2026-12-06-*)",
+            ),
         ),
     ),
     StackRecord(

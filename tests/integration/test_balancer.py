@@ -106,12 +106,16 @@ def test_render_is_a_valid_nginx_config_with_both_replicas(lb, cli) -> None:  # 
 
 
 def test_drain_sends_new_requests_elsewhere_and_lets_in_flight_ones_finish(lb, cli) -> None:  # type: ignore[no-untyped-def]
-    prefix, url, _reps = lb
+    prefix, url, reps = lb
     assert set(spread(url)) == {"a", "b"}
     # Requests held by a and b while a is drained: every one of them is answered.
     with ThreadPoolExecutor(4) as pool:
         held = [pool.submit(get, f"{url}/v1/slow") for _ in range(4)]
-        time.sleep(1)
+        # Drained only once both hold one (a fixed second was too short on loaded cores).
+        deadline = time.monotonic() + 10
+        while not all(any(q.path == "/v1/slow" for q in reps[n].requests) for n in "ab"):
+            assert time.monotonic() < deadline, "the held requests did not reach a and b"
+            time.sleep(0.02)
         assert cli("balancer", "drain", str(prefix), "a").rc == 0
         after = spread(url)
         answers = [f.result() for f in held]

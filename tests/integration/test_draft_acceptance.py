@@ -139,6 +139,9 @@ def test_vllm_measures_the_designed_acceptance(tmp_path: Path) -> None:
         [
             *(str(EXPORTER), "--vllm-url", server.url, "--listen", sidecar_url[7:]),
             *("--window", "3600", "--config", str(config)),
+            # Only this test reads it: a read of vLLM over the default 3 s on loaded cores
+            # would empty the window between its two samples.
+            *("--timeout", "30"),
         ],
         tmp_path / "sidecar.log",
     )
@@ -146,7 +149,9 @@ def test_vllm_measures_the_designed_acceptance(tmp_path: Path) -> None:
         server.wait_ready()
         sidecar.start()
         assert wait_http(f"{sidecar_url}/metrics", 30, sidecar.proc), sidecar.tail()
-        http(f"{sidecar_url}/metrics")  # the window's first sample: before any draft
+        # The window's first sample: before any draft, with vLLM read.
+        first = http(f"{sidecar_url}/metrics")[1].decode()
+        assert re.search(r"^vfleet_vllm_up(\{[^}]*\})? 1\.0$", first, re.M), first[-3000:]
         status, body = http(
             f"{server.url}/v1/chat/completions",
             {

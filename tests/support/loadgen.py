@@ -10,6 +10,7 @@ counts as failed.
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import statistics
@@ -61,7 +62,7 @@ class Load:
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return str(json.loads(r.read())["data"][0]["id"])
-        except (OSError, ValueError, KeyError, IndexError):
+        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError):
             return None
 
     def _one(self) -> Request:
@@ -83,7 +84,9 @@ class Load:
                     json.loads(r.read())
             except urllib.error.HTTPError as exc:
                 status = exc.code
-            except (OSError, ValueError):
+            # A body cut mid-way (IncompleteRead: nginx passes answers on unbuffered, and a
+            # swap may end the server mid-answer) is a failed request, not a dead worker.
+            except (OSError, http.client.HTTPException, ValueError):
                 status = 0
         self.model = model if status == 200 else None
         return Request(start, time.monotonic() - self.t0, status == 200, status)

@@ -146,6 +146,7 @@ def inventory(a: argparse.Namespace, base: Path, levels: dict[str, int]) -> dict
             f"gpu_memory_utilization={a.util}",
             "kv_cache_dtype=auto",  # fp8 KV + hybrid: vLLM 0.24.0's wake fails (gpu_lane.py)
             *([f"extra_env.VFLEET_SM75={plugin}"] if (plugin := plugin_of(a, inst)) else []),
+            *(getattr(a, "set", None) or []),
         ]
         hosts[inst] = {
             "ansible_connection": "local",
@@ -381,6 +382,10 @@ def cmd_up(a: argparse.Namespace) -> int:
         result["error"] = "a: no /health"
         gs.write(out, "up.json", result)
         return 1
+    # a alone on the card, before b starts: what it holds against its share (section 13)
+    pa["memory_alone"] = gs.memory([ea])
+    print(f"   a alone: {json.dumps(pa['memory_alone'])}", flush=True)
+    gs.write(out, "up.json", result)
     first_a: dict[str, Any] = {}
     th = threading.Thread(target=lambda: first_a.update(gs.first_request(ea)), daemon=True)
     th.start()
@@ -626,6 +631,13 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--python", default=sys.executable)
     u.add_argument("--cuda-home")
     u.add_argument("--start-timeout", type=float, default=420)
+    u.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a deployment setting for both engines, after the pair's own (repeatable; e.g. "
+        "extra_args.enforce-eager=true for a start without compile or graphs)",
+    )
     u.add_argument("--shared-cache", action="store_true", help="b's cache folder is a's")
     u.set_defaults(fn=cmd_up)
     s = sub.add_parser("switch")

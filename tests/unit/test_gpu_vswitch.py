@@ -16,14 +16,17 @@ sys.path.insert(0, str(REPO / "bench"))
 import gpu_vswitch as vs
 
 
-def _render(tmp_path: Path, pair: str) -> dict[str, dict[str, object]]:
+def _render(
+    tmp_path: Path, pair: str, plugin: str = "drafter-reload", sets: list[str] | None = None
+) -> dict[str, dict[str, object]]:
     a = argparse.Namespace(
         pair=pair,
         profile=vs.lane.DEFAULT_PROFILE,
         models_dir=str(tmp_path / "models"),
         util=0.45,
-        plugin="drafter-reload",
+        plugin=plugin,
         plugin_b=None,
+        set=sets,
     )
     base = tmp_path / "base"
     base.mkdir()
@@ -58,6 +61,23 @@ def test_the_27b_pair_serves_both_awq_presets_at_their_size_with_random_weights(
     assert r["a"]["cfg"]["language-model-only"] is True
     assert "VFLEET_SLEEP_LEVEL='1'" in str(r["a"]["env"])
     assert "VFLEET_SLEEP_LEVEL='2'" in str(r["b"]["env"])
+
+
+def test_the_next_holds_pair_runs_sleep_memory_and_takes_settings_for_both(
+    tmp_path: Path,
+) -> None:
+    """GPU.md's next hold: the 27B pair with the plugin's sleep-memory, eager (no compile or
+    graphs: a start of minutes less); the setting reaches both engines' releases."""
+    r = _render(
+        tmp_path,
+        "27b-awq",
+        plugin="drafter-reload,sleep-memory",
+        sets=["extra_args.enforce-eager=true"],
+    )
+    for inst in ("a", "b"):
+        cfg, env = r[inst]["cfg"], r[inst]["env"]
+        assert isinstance(cfg, dict) and cfg["enforce-eager"] is True
+        assert "VFLEET_SM75='drafter-reload,sleep-memory'" in str(env)
 
 
 def test_the_default_pair_stays_the_generated_models_in_their_window(tmp_path: Path) -> None:

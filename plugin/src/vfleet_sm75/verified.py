@@ -16,6 +16,9 @@ CPU_REGISTER = "platforms/cpu.py:CpuPlatform.register_triton_kernel_overrides"
 EXPAND_CALLER = "v1/sample/rejection_sampler.py:expand_batch_to_tokens"
 GDN_OP = "_custom_ops.py:fused_sigmoid_gating_delta_rule_update_cpu"
 GDN_CALLER = "model_executor/layers/mamba/ops/cpu/gdn_attention.py:_spec_aware_nonspec"
+SNAPSHOT = "utils/mem_utils.py:MemorySnapshot"
+PROFILING = "utils/mem_utils.py:memory_profiling"
+CUMEM = "device_allocator/cumem.py:CuMemAllocator"
 
 # feature -> hooked function -> what the plugin does with it
 HOOKS: dict[str, dict[str, str]] = {
@@ -52,6 +55,18 @@ HOOKS: dict[str, dict[str, str]] = {
     "cpu-gdn-indices": {
         GDN_OP: "wrapped: state indices and cu_seqlens handed over with stride 1",
         GDN_CALLER: "relied on: calls the op through vllm._custom_ops with a column's slice",
+    },
+    "sleep-memory": {
+        f"{SNAPSHOT}.measure": "wrapped: segments released behind torch taken out of torch_memory",
+        PROFILING: "relied on: non_torch_increase is the snapshots' non_torch_memory difference",
+        "v1/worker/gpu_worker.py:Worker.determine_available_memory": (
+            "relied on: KV budget = requested - (non_torch_increase + torch peak + weights)"
+        ),
+        f"{CUMEM}.use_memory_pool": (
+            "relied on: frees the pool's free segments with unmap_and_release, keeps the pool"
+        ),
+        f"{CUMEM}._python_free_callback": "relied on: a released allocation leaves pointer_to_data",
+        f"{CUMEM}.sleep": "relied on: a sleep unmaps and keeps pointer_to_data (not a release)",
     },
 }
 
@@ -147,4 +162,17 @@ VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # (cpu_gdn.py); the op with a stride-4 index refuses, with a stride-1 copy it runs
     # (tests/integration/test_plugin_vllm.py).
     "cpu-gdn-indices": {"0.32.0": {GDN_OP: "fa969db41d7e2d02", GDN_CALLER: "c144d074ad791312"}},
+    # 0.24.0's GPU wheel: the KV budget from memory_reserved(), which sleep mode's pool inflates
+    # (sleep_memory.py; docs/GPU.md section 13). 0.27.1 and 0.32.0 measure with the driver's
+    # free memory (total_consumed): decide.py leaves the feature off there with that reason.
+    "sleep-memory": {
+        "0.24.0": {
+            f"{SNAPSHOT}.measure": "eea01e4698cc2a94",
+            PROFILING: "330db7d27e75866e",
+            "v1/worker/gpu_worker.py:Worker.determine_available_memory": "2b5a6fc64d809092",
+            f"{CUMEM}.use_memory_pool": "985618181c75d703",
+            f"{CUMEM}._python_free_callback": "b198ea64c81491c5",
+            f"{CUMEM}.sleep": "d412a39e6bf563d5",
+        },
+    },
 }

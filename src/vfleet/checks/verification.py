@@ -407,8 +407,16 @@ RECORDS: tuple[StackRecord, ...] = (
                 "qwen3.6-27b-awq-int4 and qwen3.8-27b-awq-mtp, random weights, sleep mode, 32K, "
                 "bf16 KV) each held 69.5-70.05 GiB, about 7 GiB over its budget; vLLM's KV "
                 "cache (50.01 GiB) and weights (17.91 GiB) alone exceeded the budget by 5.0 GiB, "
-                "and the second engine's start ran out of memory. Not yet counted by the planner "
-                "(docs/GPU.md section 13; bench/results/h200/vswitch-27b-2026-12-06-*)",
+                "and the second engine's start ran out of memory (docs/GPU.md section 13; "
+                "bench/results/h200/vswitch-27b-2026-12-06-*). The cause, read in 0.24.0's source "
+                "and reviewed against PyTorch's caching allocator (not yet shown on a GPU): sleep "
+                "mode's pool releases the repack's freed segments behind PyTorch, which still "
+                "counts them in memory_reserved(), so the profile's non-torch memory comes out "
+                "low and the KV cache gets them (vllm-project/vllm#40256; 0.27.1 measures with "
+                "the driver's free memory). The SM75 plugin's sleep-memory takes them out of "
+                "torch's share (tests/unit/test_plugin_sleep_memory.py, on stand-ins); rule "
+                "sleep-mode warns where a 0.24.0 stack without it runs sleep mode with "
+                "quantized weights",
             ),
         ),
     ),

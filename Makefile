@@ -296,8 +296,8 @@ UNIT_WORKERS ?= 4
 # failed bench and the test passes the tolerances measured under a fleet run's load;
 # docs/SWAP.md, docs/BENCHMARKS.md) and `vfleet tune` (climb vs exhaustive, the rollout and the
 # sidecar's recommended depth: 7 swaps, 8-11 min here beside other sessions, in the fleet
-# file so that it reuses its hosts; docs/TUNE.md, run 4). The crash loop, the rollback under systemd and the
-# two-replica swap run in make test-fleet only (CI time).
+# file so that it reuses its hosts; docs/TUNE.md, run 4). The crash loop, the rollback under systemd,
+# a failed rollback's report and the two-replica swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker, the slowest files and the whole run's wall time
 	@# since make started (CI's budget: 40 minutes; docs/BENCHMARKS.md). The exit status is

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
 import json
 import math
 import os
@@ -55,6 +56,7 @@ from tests.support.vllm_server import vllm_python, vllm_venv
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
 from vfleet.fleet.tune_measure import BenchPlan, measure
+from vfleet.hostside.logwhy import LAUNCH_MARK, last_error
 from vfleet.paths import tools_dir
 from vfleet.render.cache_seed import read_manifest
 from vfleet.render.plan import plan
@@ -255,6 +257,23 @@ def make(
     return proc
 
 
+def make_argv(
+    fleet: Fleet, target: str, make_vars: tuple[str, ...], ansible_args: str = ""
+) -> list[str]:
+    """make's argv for a target on this fleet. Run it with stdin=subprocess.DEVNULL: an
+    inherited stdin is shared with every other child of this worker, and one of them (a Node.js
+    pm2) may set it non-blocking, which ansible-playbook refuses ("Ansible requires blocking IO
+    on stdin/stdout/stderr"): the project's CI met exactly that."""
+    return [
+        "make",
+        "--no-print-directory",
+        target,
+        f"INVENTORY={fleet.inventory}",
+        *make_vars,
+        f"ANSIBLE_ARGS=-e vfleet_prometheus_enabled=false {ansible_args}",
+    ]
+
+
 def _make(
     fleet: Fleet,
     target: str,
@@ -264,15 +283,9 @@ def _make(
     timeout: int,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            "make",
-            "--no-print-directory",
-            target,
-            f"INVENTORY={fleet.inventory}",
-            *make_vars,
-            f"ANSIBLE_ARGS=-e vfleet_prometheus_enabled=false {ansible_args}",
-        ],
+        make_argv(fleet, target, make_vars, ansible_args),
         cwd=REPO,
+        stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking one (see make_argv)
         capture_output=True,
         text=True,
         env=env,
@@ -339,6 +352,17 @@ def chat(port: int, key: str | None = API_KEY) -> tuple[int, dict[str, Any]]:
             return int(resp.status), json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return int(exc.code), {}
+
+
+def _health(port: int) -> int | None:
+    """vLLM's /health status from here (the hosts' ports are this machine's), None if none."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, http.client.HTTPException):
+        return None
 
 
 def unit_show(node: Node, unit: str = "vfleet-vllm@main.service") -> dict[str, str]:
@@ -854,6 +878,80 @@ def test_services_run_unprivileged_and_units_read_back_exactly(fleet: Fleet) -> 
 
 
 @pytest.mark.ci
+def test_a_worker_killed_during_the_warmup_costs_a_restart_not_the_deploy(fleet: Fleet) -> None:
+    """A real SIGILL to vLLM's worker once a deploy's new start serves, while ExecStartPost's
+    warmup runs: what CI met by itself, at random, in runs of this file (a good release's
+    worker "died unexpectedly (exit code: -4)", docs/ARCHITECTURE.md), made to happen. The API
+    server exits 0, systemd restarts it, the role waits for that one restart (vfleet_start_retries)
+    and the deploy succeeds, saying so; the log holds the worker's own Python stack
+    (PYTHONFAULTHANDLER) and logwhy's reading of it names the signal."""
+    node1 = fleet.nodes["node1"]
+    before = unit_show(node1)
+    sets = " ".join([*node1.sets, "max_num_seqs=2"])
+    env = dict(
+        os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **ansible_task_times(fleet.logs)
+    )
+    killed = ""
+    seen: list[str] = []  # what the loop saw: main pid, sub-state, /health, workers
+    # Its output to a file: a pipe nobody reads while the loop below polls would fill and stall it.
+    out_file = fleet.logs / "deploy-worker-killed.log"
+    with KeyWatch() as watch, out_file.open("w") as sink:
+        deploy = subprocess.Popen(
+            make_argv(fleet, "deploy", ("HOST=node1", f"SET={sets}")),
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 900  # bounded: the start comes within the deploy's time
+            while not killed and deploy.poll() is None and time.monotonic() < deadline:
+                # One ssh round: the unit's main pid and state, the worker's pid.
+                state = node1.host.run(
+                    "systemctl show vfleet-vllm@main.service -p MainPID --value; "
+                    "systemctl show vfleet-vllm@main.service -p SubState --value; "
+                    "pgrep -x VLLM::Worker | xargs",
+                    check=False,
+                ).stdout.splitlines()
+                main_pid, sub, workers = [*state, "", "", ""][:3]
+                health = _health(node1.port)
+                seen.append(f"{main_pid} {sub} {health} [{workers}]")
+                # The new start's main process serves while its warmup runs (start-post).
+                new_start = main_pid not in ("0", before["MainPID"]) and sub == "start-post"
+                if new_start and health == 200 and len(workers.split()) == 1:
+                    node1.host.run(f"kill -ILL {workers}")
+                    killed = workers
+                time.sleep(0.5)
+            deploy.wait(timeout=1500)
+        finally:
+            if deploy.poll() is None:
+                deploy.kill()
+    assert not watch.seen, watch.seen
+    out = out_file.read_text()
+    assert killed, (
+        "the new start never served with its one worker while it warmed up\n"
+        + "\n".join(seen[-40:])
+        + out[-1500:]
+    )
+    assert deploy.returncode == 0, out[-5000:]
+    assert "systemd restarted it 1 time(s) by itself" in out, out[-3000:]
+    after = unit_show(node1)
+    assert after["ActiveState"] == "active" and after["NRestarts"] == "1", after
+    assert chat(node1.port)[0] == 200
+    # The start that died: its lines end where launch.sh marks the next one.
+    log = node1.host.run(f"cat {plan('cpu', MODEL).service.log_file}").stdout
+    died = log.split(LAUNCH_MARK)[-2]
+    assert "Fatal Python error: Illegal instruction" in died, died[-3000:]
+    dead = re.search(r"Worker proc \S+ died unexpectedly \(exit code: (-4|None)\)", died)
+    assert dead, died[-3000:]
+    why = last_error((LAUNCH_MARK + died).splitlines())
+    assert why is not None and "Fatal Python error: Illegal instruction in " in why, why
+    record("worker_sigill_during_warmup", {"why": why})
+
+
+# In make test-fleet: the death above covers systemd bringing a dead engine back in CI.
 def test_kill9_of_the_engine_comes_back_ready(fleet: Fleet) -> None:
     node1 = fleet.nodes["node1"]
     before = unit_show(node1)
@@ -916,6 +1014,38 @@ def test_rollback_on_systemd_restores_the_previous_release(fleet: Fleet) -> None
     )
     assert same.returncode == 0, same.stdout
     assert unit_show(node1)["ActiveState"] == "active"
+    assert chat(node1.port)[0] == 200
+
+
+def test_a_rollback_whose_release_fails_says_why(fleet: Fleet) -> None:
+    """`make rollback` to a release that no longer starts (its weights were cut after it served):
+    the rollback fails and says why from the log, as a failed deploy does, instead of only
+    "the control process exited with error code". Then node1 is deployed back and serves."""
+    node1 = fleet.nodes["node1"]
+    models = "/opt/vfleet/models"
+    copy = f"{models}/rollback-copy"
+    node1.host.run(f"rm -rf {copy} && cp -a {models}/{MODEL} {copy}")
+    proc = make(
+        fleet, "deploy", "HOST=node1", f"SET={' '.join([*node1.sets, f'model_dir={copy}'])}"
+    )
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    proc = make(fleet, "deploy", "HOST=node1", f"SET={' '.join(node1.sets)}")
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
+    # previous is now the copy's release: its weights are cut short.
+    node1.host.run(f"for f in {copy}/*.safetensors; do truncate -s 4096 $f; done")
+    try:
+        proc = make(fleet, "rollback", "HOST=node1")
+        assert proc.returncode != 0
+        assert re.search(
+            r"instance main rolled back to release \w+ did\s+not become ready", proc.stdout
+        ), proc.stdout[-3000:]
+        assert re.search(r"last error in the log: .*(safetensors|Error)", proc.stdout, re.I), (
+            proc.stdout[-3000:]
+        )
+    finally:
+        proc = make(fleet, "deploy", "HOST=node1", f"SET={' '.join(node1.sets)}")
+        node1.host.run(f"rm -rf {copy}")
+    assert proc.returncode == 0, playbook_failure(proc.stdout, proc.stderr)
     assert chat(node1.port)[0] == 200
 
 
@@ -1423,7 +1553,9 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     assert {r["key"] for r in grid["results"] if r["run"] == 2} == (
         {f"depth={k}" for k in range(5)} - climb_keys
     )
-    assert len(climb_keys) < 5, climb_md  # the climb left some depth out
+    # Whether the climb left a depth out is the load's call on 2 shared cores (9116ef8's CI run:
+    # depth 1 measured 3.1 % below depth 3, so the climb went on, correctly, through all
+    # five); that it followed its rule on what it measured is the replay below.
     # Rolled out: the inventory holds the depth, the host serves it, back in the balancer.
     tuned = yaml.safe_load((inventory.parent / "host_vars/node1/vfleet_tuned.yml").read_text())
     assert grid["winner"]["sets"][-1] in tuned["vfleet_tuned_set"], tuned
@@ -1484,12 +1616,19 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
 
 def advice_after_traffic(node: Node) -> dict[str, Any]:
     """The sidecar's depth advice once its window holds traffic like the tuner's bench (its
-    client, its workload) at the depth the host runs now: read before and after it."""
-    sidecar_metrics(node)
-    traffic = measure(f"http://127.0.0.1:{node.port}", API_KEY, BenchPlan(1, 128, 64, 3))
-    assert not isinstance(traffic, str), traffic
-    advice = depth_advice(sidecar_metrics(node))
-    advice["traffic_acceptance"] = traffic.acceptance_rate
+    client, its workload) at the depth the host runs now: read before and after it. Tried
+    again (3 times at most) only where the second read found no drafts in the window or no
+    advice at all: the deployed sidecar empties its window when one read of vLLM outlasts its
+    3 s timeout, and keeps 60 s, so on starved cores the first read can be gone by the second."""
+    for attempt in range(1, 4):
+        sidecar_metrics(node)
+        traffic = measure(f"http://127.0.0.1:{node.port}", API_KEY, BenchPlan(1, 128, 64, 3))
+        assert not isinstance(traffic, str), traffic
+        advice = depth_advice(sidecar_metrics(node))
+        advice["traffic_acceptance"] = traffic.acceptance_rate
+        advice["tries"] = attempt
+        if advice["state"] not in (None, "no_drafts"):
+            break
     return advice
 
 

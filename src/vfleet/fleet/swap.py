@@ -431,8 +431,17 @@ def _run(
     print(f"swapping {len(targets)} host(s) to {a.model}; watching each with a generation "
           f"every {a.interval:g} s", file=out, flush=True)  # fmt: skip
     env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_CFG), ANSIBLE_NOCOLOR="1")
+    # stdin: a /dev/null of its own. ansible-playbook refuses to start on a non-blocking stdin
+    # ("Ansible requires blocking IO"), and an inherited one is shared with whatever else holds
+    # it: a Node.js process (pm2) beside it may set O_NONBLOCK on that shared description.
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
     )
     seen: list[str] = []
     assert proc.stdout is not None

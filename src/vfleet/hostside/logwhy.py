@@ -21,8 +21,11 @@ same, and only its last 256 KiB are read (it is appended to forever).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import signal
+import stat
 import sys
 
 READ_BYTES = 256 * 1024
@@ -45,6 +48,17 @@ _EXCEPTION = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$"
 )
 _ERROR_WORD = re.compile(r"\bError\b|\berror:|\bERROR\b|\bfatal:|\bFATAL\b")
+# vLLM's executor when a worker process dies (0.32: "Worker proc VllmWorker-0 died unexpectedly
+# (exit code: -4), shutting down executor"). What follows it (the engine's "RuntimeError:
+# cancelled", the API server's EngineDeadError) is the shutdown it starts, not its cause.
+_WORKER_DIED = re.compile(
+    r"\bWorker proc \S+ died unexpectedly\b(?: \(exit code: (-?\d+|None)\))?.*"
+)
+# Python's faulthandler (PYTHONFAULTHANDLER=1, rule observability) when a fatal signal reaches
+# a process: "Fatal Python error: Illegal instruction", then each thread's stack, innermost
+# frame first, the signalled thread's under "Current thread ...".
+_FATAL = re.compile(r"^Fatal Python error: (.+?)\s*$")
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
 # An exiting process's reports, and the readiness probe's own progress lines.
 _NOISE = re.compile(
     r"^nanobind: |^ - (?:leaked|\.\.\. skipped)|refleaks\.html|resource_tracker|"
@@ -61,6 +75,46 @@ def _log_message(line: str) -> tuple[str | None, str]:
 
 def _clip(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _exit_code(died: str) -> str:
+    """What the executor's exit code says: -N is signal N; None, that the process was still
+    exiting (its threads ending, a core being written) when vLLM looked."""
+    m = _WORKER_DIED.search(died)
+    code = m.group(1) if m else None
+    if code is None:
+        return ""
+    if code == "None":
+        return "; exit code None: still exiting when vLLM looked, the cause not yet known"
+    n = int(code)
+    if n >= 0:
+        return f"; it exited {n}"
+    try:
+        name = signal.Signals(-n).name
+    except ValueError:
+        name = f"signal {-n}"
+    return f"; exit code {n}: killed by {name}"
+
+
+def fatal_signal(msgs: list[str]) -> str | None:
+    """faulthandler's last report: the signal and the signalled thread's innermost frame."""
+    for i in range(len(msgs) - 1, -1, -1):
+        m = _FATAL.match(msgs[i])
+        if not m:
+            continue
+        block = msgs[i + 1 : i + 400]
+        current = next((j for j, x in enumerate(block) if x.startswith("Current thread")), 0)
+        frame = next((f for x in block[current:] if (f := _FRAME.match(x))), None)
+        where = f" in {frame.group(3)} ({frame.group(1)}:{frame.group(2)})" if frame else ""
+        return f"Fatal Python error: {m.group(1)}{where}"
+    return None
+
+
+def _with_fatal(msg: str, msgs: list[tuple[str | None, str]]) -> str:
+    fatal = fatal_signal([m for _, m in msgs])
+    if fatal is None:
+        return _clip(msg)
+    return _clip(fatal if _FATAL.match(msg) else f"{msg}; {fatal}", 700)
 
 
 def last_error(lines: list[str]) -> str | None:
@@ -83,20 +137,23 @@ def last_error(lines: list[str]) -> str | None:
             if "root cause" in msg:
                 # Anywhere above: the engine's traceback and the API server's after it ran to
                 # more than 100 lines in vLLM 0.32's logs; callers pass one start's lines.
+                died = [w.group(0) for _, m in msgs[:i] if (w := _WORKER_DIED.search(m))]
                 earlier = [
                     m
                     for lv, m in msgs[:i]
                     if lv not in ("DEBUG", "INFO", "WARNING") and _EXCEPTION.match(m) and m != msg
                 ]
-                if earlier:
+                if died:
+                    msg = f"{msg} (root cause: {died[-1]}{_exit_code(died[-1])})"
+                elif earlier:
                     msg = f"{msg} (root cause: {earlier[-1]})"
-            return _clip(msg)
+            return _with_fatal(msg, msgs)
         if (
             not msg[0].isspace()
             and not msg.startswith("Traceback")
             and (level in ("ERROR", "CRITICAL") or _ERROR_WORD.search(msg))
         ):
-            return _clip(msg)
+            return _with_fatal(msg, msgs)
     return None
 
 
@@ -114,8 +171,16 @@ def without_noise(lines: list[str]) -> list[str]:
 
 
 def read_tail(path: str, lines: int = SCAN_LINES) -> list[str]:
-    """The last ``lines`` lines of the file at ``path``, which must not be a link."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """The last ``lines`` lines of the file at ``path``: a regular file with one name, not a
+    link. Root runs this; the logs folder is root's (0755), and this holds should it ever not
+    be: a FIFO planted there would block the open and the read (O_NONBLOCK, then refused), and
+    a second name (a hard link to a file only root may read) would put that file in the report."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "has another name"
+        raise OSError(errno.EPERM, f"{what}: refused")
     with os.fdopen(fd, "rb") as fh:
         size = fh.seek(0, os.SEEK_END)
         start = max(0, size - READ_BYTES)

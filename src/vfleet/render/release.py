@@ -398,6 +398,7 @@ def release_manifest(launch: Launch, files: dict[str, str]) -> dict[str, Any]:
         # What a rollback needs to wait for this release without rendering anything.
         "venv": launch.venv,
         "start_timeout_s": launch.profile.start_timeout_s,
+        "log_file": launch.host.log_file(launch.instance),  # why it did not come back
         "args": {e.key: e.value for e in launch.args},
         "env": {e.key: ("<secret>" if e.secret else e.value) for e in launch.env},
         "decisions": [

@@ -108,3 +108,33 @@ def test_same_box_lookup_finds_the_other_instance_of_one_machine(tmp_path: Path)
     # d and e both run on the control machine: one box, whatever address e names.
     for host, twins in (("a", "b"), ("b", "a"), ("c", ""), ("d", "e"), ("e", "d")):
         assert f'"msg": "twins of {host}: {twins}"' in proc.stdout, proc.stdout
+
+
+def test_ansible_runs_while_this_process_stdin_is_non_blocking() -> None:
+    """Ansible's CLIs refuse a non-blocking stdin ("Ansible requires blocking IO"), and the
+    project's CI once handed one to a deploy (an inherited stdin that another process had set
+    O_NONBLOCK on). vfleet's own Ansible calls give each a /dev/null of its own: with this
+    process's fd 0 a real non-blocking pipe, both still read the inventory. The check first
+    shows the fault is real: ansible-inventory with that stdin inherited fails."""
+    import os
+
+    from vfleet.fleet.inventory import host_vars, hosts_of
+
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    saved = os.dup(0)
+    try:
+        os.dup2(read, 0)
+        inherited = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-inventory"), "--version"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert inherited.returncode != 0 and "blocking IO" in inherited.stderr, inherited
+        assert set(hosts_of(str(INVENTORY), "all")) >= {"box1", "box-a100"}
+        assert host_vars(str(INVENTORY), "box1")["vfleet_profile"] == "2x2080ti-22g"
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read, write):
+            os.close(fd)

@@ -71,6 +71,7 @@ def host_vars(inventory: str, host: str) -> dict[str, Any]:
     try:
         r = subprocess.run(
             [_ansible_inventory(), "-i", inventory, "--host", host],
+            stdin=subprocess.DEVNULL,  # see ansible_bin: Ansible refuses a non-blocking one
             capture_output=True,
             text=True,
             timeout=60,
@@ -197,6 +198,13 @@ def run_hostfacts(host: str, hv: dict[str, Any], req: Request, python: str) -> d
 # --------------------------------------------------------------------------- hosts
 
 
+# Every Ansible command vfleet runs gets a /dev/null stdin of its own. Ansible's
+# CLIs refuse to start on a non-blocking stdin ("Ansible requires blocking IO on stdin/stdout/
+# stderr"), and an inherited stdin is a file description shared with every other process that
+# holds it: a Node.js process beside vfleet (pm2) may set O_NONBLOCK on it. The project's CI
+# failed a deploy on exactly that; none of these commands reads its stdin.
+
+
 def ansible_bin(name: str) -> str:
     beside = Path(sys.executable).parent / name  # the vfleet venv's Ansible
     if beside.exists():
@@ -210,6 +218,7 @@ def hosts_of(inventory: str, pattern: str) -> list[str]:
         raise VfleetError("inventory not found", where=inventory, fix="pass -i INVENTORY")
     r = subprocess.run(
         [ansible_bin("ansible"), "-i", inventory, pattern, "--list-hosts"],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,

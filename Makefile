@@ -258,7 +258,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/vfleet images check
 	$(BIN)/python -m vfleet.render.compose generated --check
-	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml swap.yml roles/vfleet roles/vfleet_prometheus roles/vfleet_pm2
+	cd ansible && ../$(BIN)/ansible-lint --profile production deploy.yml stop.yml rollback.yml swap.yml roles/vfleet roles/vfleet_prometheus roles/vfleet_pm2 </dev/null
 	$(BIN)/python -m vfleet.checks.argument_specs ansible
 	promtool check rules observability/prometheus/rules/vfleet.rules.yml
 	promtool test rules observability/prometheus/tests/vfleet.rules.test.yml
@@ -269,7 +269,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint, systemd-analyze, promtool, gen
 
 .PHONY: unit
 unit: venv wheels ## fast tests (tests/unit: no vLLM, no hosts, no docker; 2 workers)
-	$(BIN)/python -m pytest -q -n $(UNIT_WORKERS) tests/unit
+	$(BIN)/python -m pytest -q -n $(UNIT_WORKERS) tests/unit </dev/null
 
 .PHONY: test
 # PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (this machine's does, and CI's
@@ -301,9 +301,11 @@ UNIT_WORKERS ?= 4
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker, the slowest files and the whole run's wall time
 	@# since make started (CI's budget: 40 minutes; docs/BENCHMARKS.md). The exit status is
-	@# pytest's (5, no test collected, fails too).
+	@# pytest's (5, no test collected, fails too). Its stdin is /dev/null: Ansible's CLIs refuse
+	@# a non-blocking one, and an inherited pipe may be set non-blocking by anything else that
+	@# holds it (the project's CI failed a deploy on that; lint gives ansible-lint the same).
 	rc=0; $(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts or ci" \
-	  tests || rc=$$?; $(BIN)/python -m tests.support.timeline --since $(MAKE_T0) || true; exit $$rc
+	  tests </dev/null || rc=$$?; $(BIN)/python -m tests.support.timeline --since $(MAKE_T0) || true; exit $$rc
 
 .PHONY: check
 check: venv wheels ## the edit-test loop: lint and the unit tests (under 3 minutes; no vLLM, hosts or docker)
@@ -311,7 +313,7 @@ check: venv wheels ## the edit-test loop: lint and the unit tests (under 3 minut
 
 .PHONY: test-fleet
 test-fleet: deps venv wheels tools ## fleet deploy over SSH to two systemd-nspawn hosts (root)
-	$(PYTEST) -m hosts tests
+	$(PYTEST) -m hosts tests </dev/null
 
 .PHONY: clean
 clean: ## remove build outputs (keeps .cache with the vLLM venvs)

@@ -5,6 +5,7 @@ test_fleet_hosts.py (make test-fleet)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -214,3 +215,76 @@ def test_the_balancers_report_row_has_no_gate_verdict_and_is_not_a_host_name(
     assert swap._perf_verdict(None, "node1") is None
     with pytest.raises(swap.VfleetError, match="not a plain inventory host name"):
         swap._perf_verdict(tmp_path, "../node1")
+
+
+def _task_named(tasks: list[dict[str, object]], name: str) -> dict[str, object]:
+    for t in tasks:
+        if t.get("name") == name:
+            return t
+        inner = t.get("block")
+        if isinstance(inner, list):
+            try:
+                return _task_named(inner, name)
+            except LookupError:
+                pass
+    raise LookupError(name)
+
+
+def test_the_report_says_which_host_needed_a_restart_systemd_made(tmp_path: Path) -> None:
+    """ready.yml's own "Say that systemd restarted vLLM by itself" task, run by the real
+    ansible-playbook with the project's ansible.cfg (result_format yaml wraps the message) for
+    two hosts, one restarted once, one not: the swap reads it per host into its report."""
+    import sys
+
+    import yaml
+
+    ready = yaml.safe_load((REPO / "ansible/roles/vfleet/tasks/ready.yml").read_text())
+    task = _task_named(ready, "Say that systemd restarted vLLM by itself")
+    book = tmp_path / "play.yml"
+    book.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "vars": {
+                        "_vfleet_pm": "systemd",
+                        "vfleet_start_retries": 1,
+                        "_vfleet_plan": {
+                            "unit_name": "vfleet-vllm@main.service",
+                            "log_file": "/srv/vfleet/logs/vllm-main.log",
+                        },
+                    },
+                    "tasks": [
+                        {
+                            "name": "Show the unit",
+                            "ansible.builtin.set_fact": {
+                                "__vfleet_unit_show": {
+                                    "stdout_lines": ["NRestarts={{ restarts }}", "MainPID=1"]
+                                }
+                            },
+                        },
+                        task,
+                    ],
+                }
+            ]
+        )
+    )
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "node1,node2,",
+         "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
+         "-e", '{"restarts": "{{ 1 if inventory_hostname == \'node1\' else 0 }}"}', str(book)],
+        cwd=REPO, env=dict(os.environ, ANSIBLE_CONFIG=str(swap.ANSIBLE_CFG), ANSIBLE_NOCOLOR="1"),
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "restarted it 1 time(s)" in " ".join(proc.stdout.split()), proc.stdout
+    assert swap.self_restarts(proc.stdout) == {"node1": 1}
+
+    r = HostReport("node1", "http://x", "b", model_before="a", model_after="b", recap={})
+    r.self_restarts = swap.self_restarts(proc.stdout)["node1"]
+    r.outcome = swap.outcome(r)
+    assert r.outcome == "swapped to b (after 1 restart(s) systemd made by itself: see why)"
+    text = swap.report_text([r], 0, 30.0)
+    assert "why node1 restarted: its vLLM ended after the new start served" in text
+    assert "vfleet doctor node1" in text

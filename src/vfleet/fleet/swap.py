@@ -176,6 +176,9 @@ class HostReport:
     outcome: str = ""
     why: str | None = None  # the playbook's message for a failed or unreachable host
     left_drained: bool = False  # still out of the balancer when the swap ended
+    # Times systemd restarted vLLM by itself before the new start served (the role waits for
+    # vfleet_start_retries such restarts: a worker that died at its warmup, say): 0 where none.
+    self_restarts: int = 0
     perf: Verdict | None = None  # the performance gate's verdict; None: it did not run here
 
     @property
@@ -219,8 +222,32 @@ def host_errors(output: str) -> dict[str, str]:
     return out
 
 
+RESTARTED = re.compile(r"systemd restarted it (\d+) time\(s\) by itself")
+TASK_RESULT = re.compile(r"^(?:ok|changed|fatal|skipping): \[([^\]]+)\]")
+
+
+def self_restarts(output: str) -> dict[str, int]:
+    """Per host, the restarts the role said systemd made by itself (ready.yml's "Say that
+    systemd restarted vLLM by itself"): the last such line per host. A task's result starts at
+    its host's line; its message may wrap over the lines that follow (result_format yaml)."""
+    out: dict[str, int] = {}
+    host, block = "", []
+    for line in [*output.splitlines(), "ok: [-]"]:
+        m = TASK_RESULT.match(line)
+        if m is None and not line.startswith(("TASK ", "PLAY ")):
+            block.append(line)
+            continue
+        said = RESTARTED.search(" ".join(" ".join(block).split()))
+        if host and said:
+            out[host] = int(said.group(1))
+        host, block = (m.group(1).split(" -> ")[0], [line]) if m else ("", [])
+    return out
+
+
 def outcome(r: HostReport) -> str:
     said = _outcome(r)
+    if r.self_restarts:
+        said += f" (after {r.self_restarts} restart(s) systemd made by itself: see why)"
     return said + "; left drained in the balancer" if r.left_drained else said
 
 
@@ -269,6 +296,12 @@ def report_text(reports: list[HostReport], rc: int, seconds: float) -> str:
     for r in reports:
         if r.why and not (r.perf and r.perf.state == "fail"):
             lines.append(f"why {r.host}: {textwrap.shorten(r.why, 400)}")
+        elif r.self_restarts:
+            lines.append(
+                f"why {r.host} restarted: its vLLM ended after the new start served and systemd "
+                "started it again; the log says why, before launch.sh's last mark "
+                f"(vfleet doctor {r.host})"
+            )
     for r in reports:
         if r.perf is not None:
             lines.append(f"{r.host}: " + r.perf.text())
@@ -456,6 +489,7 @@ def _run(
         w.join(timeout=60)
     recaps = parse_recap("".join(seen))
     errors = host_errors("".join(seen))
+    restarts = self_restarts("".join(seen))
     drained: set[str] = set()
     if a.balancer:
         drained = {x["host"] for x in load(Path(a.balancer).resolve())["replicas"] if x["down"]}
@@ -469,6 +503,7 @@ def _run(
         r.recap = recaps.get(r.host)
         r.why = errors.get(r.host)
         r.left_drained = r.host in drained
+        r.self_restarts = restarts.get(r.host, 0)
         found = outages(w.samples)
         r.outages = [asdict(o) | {"seconds": round(o.seconds, 1)} for o in found]
         r.downtime_s = round(sum(o.seconds for o in found), 1)

@@ -273,6 +273,14 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         assert gates["acceptance"]["detail"].startswith("not compared"), gates  # b: no drafts
         assert gates["greedy"]["detail"] == "same reply as before it slept"
         assert "performance gate: PASS" in gates["performance"]["detail"], gates
+        # The load's requests began beside the gate's bench (2 a second): its TTFT is not the
+        # wake's, so it is not compared; output speed is (docs/SWAP.md).
+        perf = gates["performance"]["detail"]
+        assert re.search(r"TTFT not compared: [1-9]\d* client request\(s\) began beside", perf), (
+            perf
+        )
+        assert re.search(r"TTFT p95 s .* not compared", perf), perf
+        assert re.search(r"output tok/s .* ok", perf), perf
         assert first["first_token_s"] is not None and first["first_token_s"] < first["seconds"] + 5
         assert _root(box.front) == box.weights["b"]
         assert sleepctl.is_sleeping(box.ports["a"]) is True

@@ -217,3 +217,30 @@ def test_the_report_names_every_step_and_gate() -> None:
     assert "reference for its next wake" not in text
     rep.recorded = "kept from 2026-12-04T05:00:00Z"
     assert "a's reference for its next wake: kept from 2026-12-04T05:00:00Z" in rep.text()
+
+
+class _LevelOneEngine(switch.Replica):
+    """A stand-in for sleepctl on a GPU engine: vLLM's CPU build has no level-1 sleep (its
+    sleep mode pauses the scheduler only), so the admit's level-1 sleep and wake cannot be
+    produced here for real; the calls and their order are what this checks. On a GPU, docs/GPU.md
+    section 14 measured what they pay for."""
+
+    calls: list[tuple[str, ...]]
+
+    def ctl(self, *args: str, timeout: float) -> dict[str, object]:
+        self.calls.append(args)
+        return {"seconds": {"sleep": 16.58, "wake": 1.07}[args[0]]}
+
+
+def test_admit_at_level_1_sleeps_and_wakes_the_engine_once_and_not_at_other_levels() -> None:
+    def engine(level: int) -> _LevelOneEngine:
+        r = _LevelOneEngine("a", {}, "python3", 8001, "chat", level, None, "m", engine="e")
+        r.calls = []
+        return r
+
+    one = engine(1)
+    assert switch.prime(one) == {"sleep_s": 16.58, "wake_s": 1.07}
+    assert one.calls == [("sleep", "1", "--mode", "wait"), ("wake", "1")]
+    for level in (0, 2):
+        other = engine(level)
+        assert switch.prime(other) is None and other.calls == []

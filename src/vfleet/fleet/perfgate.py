@@ -389,6 +389,9 @@ class Measurement:
     requests: int
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    # Requests of others that got their first token while the bench ran (vLLM's TTFT
+    # histogram count over the bench, less the bench's own); None: /metrics not read.
+    beside: int | None = None
 
 
 def measure(
@@ -447,6 +450,11 @@ def measure(
             raise MeasureError(run.error)
         if metrics.error:
             warnings.append(f"/metrics not read: {metrics.error}")
+    beside = None
+    if before is not None and after is not None:
+        first = [v[1].values.get("ttft/count") for v in (before, after)]
+        if first[0] is not None and first[1] is not None:
+            beside = max(0, round(first[1] - first[0]) - len(results))
     speeds = [r.tokens / r.e2e_s for r in results if r.e2e_s > 0 and r.tokens]
     ttfts = [r.ttft_s for r in results if r.ttft_s is not None]
     figures = PerfFigures(
@@ -455,7 +463,7 @@ def measure(
         acceptance_rate=_rounded(run.acceptance_rate, 4),
         tokens_per_step=_rounded(run.tokens_per_step, 3),
     )
-    return Measurement(figures, len(results), time.monotonic() - t0, warnings)
+    return Measurement(figures, len(results), time.monotonic() - t0, warnings, beside)
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

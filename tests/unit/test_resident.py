@@ -12,6 +12,7 @@ from vfleet.engine.compile import resolve
 from vfleet.engine.planner import Plan, plan_launch
 from vfleet.engine.resident import (
     ENGINE_HOST_BYTES,
+    PINNED_COPY_RATIO,
     SLEEPER_GPU_BYTES,
     SLEEPER_GPU_UNCERTAINTY_BYTES,
     plan_pair,
@@ -35,9 +36,10 @@ def test_the_measured_pair_fits_in_both_orders() -> None:
         ("tiny-hybrid-mtp", "mid-hybrid-mtp", True),
     ]
     assert not pair.notes  # 0.45 + 0.45 of the card: both can start awake
-    # Level 1 keeps the sleeper's weights in host memory: mid's 4.15 GiB on top of its process.
+    # Level 1 keeps the sleeper's weights in pinned host memory, sized up as measured.
     assert mid.gpu is not None
-    assert pair.host_bytes["mid-hybrid-mtp"] == ENGINE_HOST_BYTES + mid.gpu.weights_bytes
+    pinned = -(-mid.gpu.weights_bytes * PINNED_COPY_RATIO // 1)
+    assert pair.host_bytes["mid-hybrid-mtp"] == ENGINE_HOST_BYTES + pinned
 
 
 def test_a_pair_with_no_room_for_the_sleeper_is_refused_with_the_utilisation_that_fits() -> None:
@@ -59,7 +61,7 @@ def test_a_pair_with_no_room_for_the_sleeper_is_refused_with_the_utilisation_tha
 def test_level_2_keeps_no_weights_in_host_memory() -> None:
     mid = plan("h200-141g", "mid-hybrid-mtp", "max_model_len=4096", "gpu_memory_utilization=0.45")
     tiny = plan("h200-141g", "tiny-hybrid-mtp", "max_model_len=4096", "gpu_memory_utilization=0.45")
-    ram = 8 * GIB  # the mid sleeper's weights and two processes do not fit at level 1
+    ram = 10 * GIB  # two processes fit; with the pinned copies of level 1 they do not
     one = plan_pair(mid, tiny, level=1, host_ram_bytes=ram)
     assert not one.fits and "host memory" in one.problems[0] and "level 2" in one.problems[0]
     two = plan_pair(mid, tiny, level=2, host_ram_bytes=ram)
@@ -96,3 +98,22 @@ def test_json_has_both_plans_and_the_orders(cli: Callable[..., Result], level: i
         doc["active"]["model"] == "mid-hybrid-mtp" and doc["standby"]["model"] == "tiny-hybrid-mtp"
     )
     assert len(doc["orders"]) == 2
+
+
+def test_the_27b_pair_is_planned_at_the_host_memory_it_held_on_an_h100() -> None:
+    """docs/GPU.md section 14: the 27B AWQ pair at 0.45 each on an H100, sleep level 1. Each
+    engine's processes held 32,177-32,361 MiB once it had slept (the pinned copy stays after
+    the wake): 64,538 MiB for the pair, which the plan must not undercount, and a 64 GiB box is
+    refused with level 2 as the way out."""
+    sets = ("max_model_len=32768", "gpu_memory_utilization=0.45", "kv_cache_dtype=auto")
+    a = plan("h200-141g", "qwen3.6-27b-awq-int4", *sets)  # host memory: the card does not matter
+    b = plan("h200-141g", "qwen3.8-27b-awq-mtp", *sets)
+    pair = plan_pair(a, b, level=1, host_ram_bytes=128 * GIB)
+    measured_mib = 32361.0 + 32177.0
+    planned_mib = sum(pair.host_bytes.values()) / (1 << 20)
+    assert measured_mib <= planned_mib <= 1.1 * measured_mib, (planned_mib, measured_mib)
+    assert pair.fits, pair.problems
+    small = plan_pair(a, b, level=1, host_ram_bytes=64 * GIB)
+    [problem] = [p for p in small.problems if p.startswith("host memory")]
+    assert "keeps after it wakes too" in problem and "sleep at level 2" in problem, problem
+    assert plan_pair(a, b, level=2, host_ram_bytes=64 * GIB).fits

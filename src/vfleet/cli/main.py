@@ -308,7 +308,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 def _plan_pair(a: argparse.Namespace, active: Any, root: Path | None) -> int:
     """`--standby-model`: the standby planned on the same GPUs, then both sleep orders."""
-    from vfleet.engine.resident import plan_pair
+    from vfleet.engine.resident import SLEEPER_GPU_KNOWN, plan_pair
 
     if a.layouts:
         raise VfleetError("--layouts and --standby-model together", fix="use one of them")
@@ -334,7 +334,7 @@ def _plan_pair(a: argparse.Namespace, active: Any, root: Path | None) -> int:
     print(
         f"resident pair, sleep level {pair.level}: a sleeper keeps "
         f"{pair.sleeper_gpu_bytes / mib:,.0f} +/- {pair.sleeper_gpu_uncertainty_bytes / mib:,.0f} "
-        "MiB per GPU (measured on an H200, vLLM 0.24.0, tiny and mid models; docs/PLANNER.md)"
+        f"MiB per GPU ({SLEEPER_GPU_KNOWN}; docs/PLANNER.md)"
     )
     for o in pair.orders:
         print(
@@ -342,7 +342,8 @@ def _plan_pair(a: argparse.Namespace, active: Any, root: Path | None) -> int:
             f"MiB per GPU -> {'fits' if o.fits else 'DOES NOT FIT'}"
         )
     for model, n in pair.host_bytes.items():
-        print(f"  host memory of {model} asleep: {n / (1 << 30):.1f} GiB")
+        print(f"  host memory of {model} once it has slept: {n / (1 << 30):.1f} GiB")
+    print(f"  host memory of the pair: {sum(pair.host_bytes.values()) / (1 << 30):.1f} GiB")
     for note in pair.notes:
         print(f"  note: {note}")
     for problem in pair.problems:

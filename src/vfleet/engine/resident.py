@@ -19,14 +19,26 @@ MIB = 1 << 20
 
 # nvidia-smi per process, engines asleep at level 1 or 2 (the same either way): 1,768-1,797 MiB
 # (tiny hybrid MTP model) and 2,200-2,217 MiB (mid, 4.15 GiB of weights), H200, vLLM 0.24.0,
-# bench/results/h200/switch-run*.json (docs/GPU.md, section 8). Planned at the largest seen,
-# with a wide +/-: no sleeper of a 27B model or on another card has been measured.
+# bench/results/h200/switch-run*.json (docs/GPU.md, section 8); 1,802 / 2,210 MiB for the same
+# on an H100 (section 12) and 2,010-2,012 MiB for a 27B AWQ engine on an H100 (section 14). What
+# a sleeper keeps does not grow with the model or the card: planned at the largest seen.
 SLEEPER_GPU_BYTES = 2217 * MIB
 SLEEPER_GPU_UNCERTAINTY_BYTES = 512 * MIB
-SLEEPER_GPU_KNOWN = "measured on an H200 (vLLM 0.24.0, tiny and mid models): 1,768-2,217 MiB"
-# Host memory of one engine process besides a level-1 weight copy: RSS 3.1-3.6 GB measured
-# for both models on the H200, awake or asleep at level 2 (same runs).
-ENGINE_HOST_BYTES = 3600 * MIB
+SLEEPER_GPU_KNOWN = (
+    "measured on an H200 and an H100 (vLLM 0.24.0, tiny, mid and 27B AWQ models): 1,768-2,217 MiB"
+)
+# Host memory of one engine's processes (API server, engine core) besides a level-1 weight
+# copy: RSS 3.1-3.6 GB for the tiny and mid models on the H200; 3,962-4,160 MiB for the 27B AWQ
+# presets on an H100 before any sleep (docs/GPU.md section 14). Planned at the largest.
+ENGINE_HOST_BYTES = 4200 * MIB
+# A level-1 sleep copies the weights to pinned host memory, and that memory stays with the
+# engine after it wakes (its RSS did not come back down): measured for the 27B AWQ engines on
+# an H100, 17.91 GiB of weights, the engine core's RSS from 2,553-2,713 MiB before the first
+# sleep to 30,719-30,926 MiB asleep and 30,926 MiB awake again: 28,167-28,213 MiB, 1.54x the
+# weights (section 14; the mid model's 4.15 GiB took about 1.0x, section 12). Most likely
+# torch's caching host allocator, which keeps freed pinned blocks for reuse and sizes them up;
+# not read in torch's source here. Planned at the largest ratio seen.
+PINNED_COPY_RATIO = 1.54
 LEVELS = (1, 2)
 
 
@@ -49,7 +61,9 @@ class PairPlan:
     level: int
     sleeper_gpu_bytes: int
     sleeper_gpu_uncertainty_bytes: int
-    host_bytes: dict[str, int]  # per engine asleep: its host memory (process + level-1 weights)
+    # per engine, once it has slept: its host memory (processes + the pinned level-1 copy,
+    # which it keeps awake too)
+    host_bytes: dict[str, int]
     orders: list[Order]
     fits: bool
     problems: list[str] = field(default_factory=list)
@@ -57,10 +71,10 @@ class PairPlan:
 
 
 def host_bytes_asleep(plan: Plan, level: int) -> int:
-    """An engine's host memory while it sleeps: the process, plus at level 1 the pinned copy
-    of every rank's weights."""
+    """An engine's host memory once it has slept: its processes, plus at level 1 the pinned
+    copy of every rank's weights (kept after the wake too, so asleep or awake)."""
     weights = plan.gpu.weights_bytes * plan.tp if plan.gpu is not None and level == 1 else 0
-    return ENGINE_HOST_BYTES + weights
+    return ENGINE_HOST_BYTES + math.ceil(weights * PINNED_COPY_RATIO)
 
 
 def plan_pair(
@@ -97,11 +111,20 @@ def plan_pair(
             )
     host = {p.model: host_bytes_asleep(p, level) for p in (active, standby)}
     notes = []
-    need_host = max(host.values()) + ENGINE_HOST_BYTES
+    # Both at once: after the first switch each engine has slept, and a level-1 engine keeps
+    # its pinned copy awake (27B AWQ on an H100: 32,361 + 32,177 MiB for the pair).
+    need_host = sum(host.values())
     if host_ram_bytes is not None and need_host > host_ram_bytes:
         problems.append(
-            f"host memory: {need_host / (1 << 30):.1f} GiB for the two engines (the larger "
-            f"sleeper at level {level} and the awake process) of {host_ram_bytes / (1 << 30):.1f}"
+            f"host memory: {need_host / (1 << 30):.1f} GiB for the two engines (each its "
+            "processes"
+            + (
+                f" and its pinned weight copy, {PINNED_COPY_RATIO}x its weights, which it keeps "
+                "after it wakes too"
+                if level == 1
+                else ""
+            )
+            + f") of {host_ram_bytes / (1 << 30):.1f}"
             + (": sleep at level 2 (weights reloaded from disk at the wake)" if level == 1 else "")
         )
     first = active.gpu

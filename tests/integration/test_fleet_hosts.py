@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import http.client
 import json
@@ -55,7 +56,7 @@ from tests.support.tune_replay import replay_climb
 from tests.support.vllm_server import vllm_python, vllm_venv
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
-from vfleet.fleet.tune_measure import BenchPlan, measure
+from vfleet.fleet.tune_measure import BenchPlan, measure, until_decoded
 from vfleet.hostside.logwhy import LAUNCH_MARK, last_error
 from vfleet.paths import tools_dir
 from vfleet.render.cache_seed import read_manifest
@@ -370,6 +371,24 @@ def unit_show(node: Node, unit: str = "vfleet-vllm@main.service") -> dict[str, s
         f"systemctl show {unit} -p ActiveState -p SubState -p Result -p NRestarts -p MainPID"
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def assert_swapped(fleet: Fleet, host: dict[str, Any], want: str) -> None:
+    """The swap report's outcome for one host: swapped to ``want``, or the same after restarts
+    systemd made by itself (the role waits for one where vLLM's engine died after the new start
+    served: the CI's worker death, docs/ARCHITECTURE.md). Then that host's vLLM log is kept in
+    the fleet's logs: the dead start's Python stack is in it."""
+    n = host.get("self_restarts", 0)
+    said = f"swapped to {want}"
+    if n:
+        said += f" (after {n} restart(s) systemd made by itself: see why)"
+        node = fleet.nodes.get(host["host"])
+        log = node.host.root / "opt/vfleet/logs/vllm-main.log" if node else None
+        if log is not None and log.is_file():
+            shutil.copyfile(
+                log, fleet.logs / f"{host['host']}-vllm-main-restarted-{time.time():.0f}.log"
+            )
+    assert host["outcome"] == said, host
 
 
 def unit_journals(fleet: Fleet, lines: int = 25) -> str:
@@ -1223,7 +1242,7 @@ def test_fleet_swap_behind_nginx_loses_no_request(fleet: Fleet, lb: tuple[Path, 
         assert release[1:3] == ["0", "0"], (name, release)  # the new release's: root's too
     hosts = {h["host"]: h for h in report["hosts"]}
     for name in ("node1", "node2"):
-        assert hosts[name]["outcome"] == f"swapped to tiny-dense as {MODEL}", hosts[name]
+        assert_swapped(fleet, hosts[name], f"tiny-dense as {MODEL}")
         assert hosts[name]["downtime_s"] > 0  # each host was down while it swapped...
     assert hosts["(balancer)"]["downtime_s"] == 0, hosts["(balancer)"]  # ...clients were not
     assert steady["failed"] == 0 and steady["ok"] >= 5, steady
@@ -1286,7 +1305,7 @@ def test_single_box_swap_reports_downtime_and_rolls_back_a_broken_model(fleet: F
         swapped = report.get("hosts", [{}])[0]
         assert rc == 0, err[-5000:] + "\n" + unit_journals(fleet)
         assert (swapped["weights_before"], swapped["weights_after"]) == ("tiny-dense", MODEL)
-        assert swapped["outcome"] == f"swapped to {MODEL}", swapped
+        assert_swapped(fleet, swapped, MODEL)
         # A single box has no spare capacity: the swap costs downtime, and says how much.
         assert swapped["downtime_s"] > 0 and len(swapped["outages"]) >= 1, swapped
         during = load.summary(load.window(t0, load.now()))
@@ -1392,7 +1411,7 @@ def test_performance_gate_rolls_back_a_slower_release_and_keeps_an_as_fast_one(
     # The as-fast release passes the gate and stays; its figures are stored with it.
     assert rc2 == 0, err2[-3000:]
     host2 = {h["host"]: h for h in same["hosts"]}["node1"]
-    assert host2["outcome"] == f"swapped to {MODEL}", host2
+    assert_swapped(fleet, host2, MODEL)
     assert host2["perf"]["state"] == "pass", host2["perf"]
     after = json.loads(node1.host.run(f"cat {current}/perf.json").stdout)
     assert after["release"] != before["release"] and after["figures"]["output_tps"] > 0
@@ -1442,7 +1461,7 @@ def test_two_replicas_on_one_box_swap_one_at_a_time_without_downtime(fleet: Flee
         assert rc == 0, err[-5000:] + "\n" + unit_journals(fleet)
         hosts = {h["host"]: h for h in report["hosts"]}
         for name in ("node2", "node2b"):
-            assert hosts[name]["outcome"] == f"swapped to {MODEL}", hosts[name]
+            assert_swapped(fleet, hosts[name], MODEL)
             assert hosts[name]["weights_before"] == "tiny-dense", hosts[name]
             assert hosts[name]["downtime_s"] > 0, hosts[name]  # each replica restarted...
         assert hosts["(balancer)"]["downtime_s"] == 0, hosts["(balancer)"]  # ...the box did not
@@ -1622,7 +1641,12 @@ def advice_after_traffic(node: Node) -> dict[str, Any]:
     3 s timeout, and keeps 60 s, so on starved cores the first read can be gone by the second."""
     for attempt in range(1, 4):
         sidecar_metrics(node)
-        traffic = measure(f"http://127.0.0.1:{node.port}", API_KEY, BenchPlan(1, 128, 64, 3))
+        # As tune benches (until_decoded): where every stream was read late on starved cores,
+        # no decode speed came out (CI, ac1c33a); the bench is then run again, 3 times at most.
+        bench = functools.partial(
+            measure, f"http://127.0.0.1:{node.port}", API_KEY, BenchPlan(1, 128, 64, 3)
+        )
+        traffic = until_decoded(bench, print)
         assert not isinstance(traffic, str), traffic
         advice = depth_advice(sidecar_metrics(node))
         advice["traffic_acceptance"] = traffic.acceptance_rate

@@ -92,6 +92,32 @@ def test_run_as_the_role_runs_it(tmp_path: Path) -> None:
     assert proc.stdout.startswith("last error in the log: KeyboardInterrupt: terminated\n")
 
 
+def test_previous_reads_the_start_that_systemd_restarted(tmp_path: Path) -> None:
+    """After a restart systemd made by itself, the last start serves and the reason is in the
+    one before it: --previous reads that one, run as the role runs it, with many lines of the
+    good start after it (more than the last start's report reads)."""
+    good = LAUNCH_MARK + "instance main, tiny-dense on vLLM 0.32.0 at 2026-12-07T15:10:00Z\n"
+    good += "".join(
+        f"(APIServer pid=9) INFO 12-07 15:10:{i % 60:02d} [x.py:1] line {i}\n" for i in range(900)
+    )
+    log = tmp_path / "vllm-main.log"
+    log.write_text(EARLIER + NOISE + good)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT.read_text(), str(log), "--previous"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("last error in the log: vllm.v1.engine.exceptions.EngineDeadError"), (
+        first
+    )
+    assert "line 899" not in proc.stdout  # the good start's lines are not its reason
+    # The last start alone: no error in it; and a log of one start has no start before it.
+    assert report(log.read_text().splitlines()).startswith("no error line in the last start")
+    assert report(good.splitlines(), previous=True).startswith("no start before the last one")
+    assert run(log).returncode == 0  # without --previous, as before
+
+
 def test_a_link_is_not_followed(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("ERROR not for the report\n")

@@ -239,7 +239,23 @@ def test_the_report_says_which_host_needed_a_restart_systemd_made(tmp_path: Path
     import yaml
 
     ready = yaml.safe_load((REPO / "ansible/roles/vfleet/tasks/ready.yml").read_text())
+    read = _task_named(ready, "Read why the start systemd restarted ended")
     task = _task_named(ready, "Say that systemd restarted vLLM by itself")
+    # The role's logwhy.py where the lookup finds it beside a playbook, and a log whose start
+    # before the last ended with a worker killed by SIGILL (the lines the fleet tests saw).
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "logwhy.py").symlink_to(REPO / "src/vfleet/hostside/logwhy.py")
+    log = tmp_path / "vllm-main.log"
+    log.write_text(
+        "vfleet launch: instance main, tiny-dense on vLLM 0.32.0 at 2026-12-07T15:10:00Z\n"
+        "Fatal Python error: Illegal instruction\n\n"
+        "Current thread 0x00007f (most recent call first):\n"
+        '  File "/v/torch/_ops.py", line 1279 in __call__\n'
+        "(EngineCore pid=2872) ERROR 12-07 15:11:44 [multiproc_executor.py:315] Worker proc "
+        "VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor.\n"
+        "vfleet launch: instance main, tiny-dense on vLLM 0.32.0 at 2026-12-07T15:12:00Z\n"
+        "(APIServer pid=9) INFO 12-07 15:12:09 [api_server.py:1] Starting vLLM server\n"
+    )
     book = tmp_path / "play.yml"
     book.write_text(
         yaml.safe_dump(
@@ -250,9 +266,10 @@ def test_the_report_says_which_host_needed_a_restart_systemd_made(tmp_path: Path
                     "vars": {
                         "_vfleet_pm": "systemd",
                         "vfleet_start_retries": 1,
+                        "vfleet_python": sys.executable,
                         "_vfleet_plan": {
                             "unit_name": "vfleet-vllm@main.service",
-                            "log_file": "/srv/vfleet/logs/vllm-main.log",
+                            "log_file": str(log),
                         },
                     },
                     "tasks": [
@@ -264,6 +281,7 @@ def test_the_report_says_which_host_needed_a_restart_systemd_made(tmp_path: Path
                                 }
                             },
                         },
+                        read,
                         task,
                     ],
                 }
@@ -278,7 +296,10 @@ def test_the_report_says_which_host_needed_a_restart_systemd_made(tmp_path: Path
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "restarted it 1 time(s)" in " ".join(proc.stdout.split()), proc.stdout
+    said = " ".join(proc.stdout.split())
+    assert "restarted it 1 time(s)" in said, proc.stdout
+    assert "died unexpectedly (exit code: -4)" in said, said
+    assert "Fatal Python error: Illegal instruction in __call__ (/v/torch/_ops.py:1279)" in said
     assert swap.self_restarts(proc.stdout) == {"node1": 1}
 
     r = HostReport("node1", "http://x", "b", model_before="a", model_after="b", recap={})

@@ -4,10 +4,11 @@ Two users, one rule:
 
 - the role, as root on the host, when an instance does not become ready (tasks/ready.yml):
 
-      python3 -c "$(cat logwhy.py)" /opt/vfleet/logs/vllm-main.log
+      python3 -c "$(cat logwhy.py)" /opt/vfleet/logs/vllm-main.log [--previous]
 
   prints the last meaningful error and the log's last lines without the noise an exiting vLLM
-  writes;
+  writes (--previous: of the start before the last, where a start that systemd restarted by
+  itself ended);
 - `vfleet doctor` (fleet/doctor/service.py) calls ``last_error`` on the log tail that
   hostfacts.py brings back.
 
@@ -191,23 +192,40 @@ def read_tail(path: str, lines: int = SCAN_LINES) -> list[str]:
     return text[-lines:]
 
 
+def _marks(lines: list[str]) -> list[int]:
+    # pm2 writes its time before each line ("time": true in the ecosystem file).
+    return [
+        i
+        for i, line in enumerate(lines)
+        if _LOG_PREFIXES[0].sub("", line, count=1).startswith(LAUNCH_MARK)
+    ]
+
+
 def since_last_start(lines: list[str]) -> list[str]:
     """The lines from the last start on (launch.sh's mark), or all of them without one."""
-    for i in range(len(lines) - 1, -1, -1):
-        # pm2 writes its time before each line ("time": true in the ecosystem file).
-        if _LOG_PREFIXES[0].sub("", lines[i], count=1).startswith(LAUNCH_MARK):
-            return lines[i:]
-    return lines
+    marks = _marks(lines)
+    return lines[marks[-1] :] if marks else lines
 
 
-def report(lines: list[str], show: int = SHOW_LINES) -> str:
-    """The last error of the last start and its last lines, for a person to read."""
-    lines = since_last_start(lines)
-    reason = last_error(lines)
-    kept = [_clip(x, 300) for x in without_noise(lines)[-show:]]
+def previous_start(lines: list[str]) -> list[str] | None:
+    """The lines of the start before the last one (from its mark to the last mark): where a
+    start that systemd restarted by itself ended. None where the lines read hold no such start."""
+    marks = _marks(lines)
+    return lines[marks[-2] : marks[-1]] if len(marks) >= 2 else None
+
+
+def report(lines: list[str], show: int = SHOW_LINES, previous: bool = False) -> str:
+    """The last error of the last start (or of the one before it) and its last lines, for a
+    person to read."""
+    which = "the start before the last" if previous else "the last start"
+    start = previous_start(lines) if previous else since_last_start(lines)
+    if start is None:
+        return f"no start before the last one in the log's last {READ_BYTES // 1024} KiB"
+    reason = last_error(start)
+    kept = [_clip(x, 300) for x in without_noise(start)[-show:]]
     return "\n".join(
         [
-            f"last error in the log: {reason}" if reason else "no error line since the last start",
+            f"last error in the log: {reason}" if reason else f"no error line in {which}",
             "its last lines (leak reports and warnings left out):",
             *(f"  {x}" for x in kept),
         ]
@@ -215,15 +233,17 @@ def report(lines: list[str], show: int = SHOW_LINES) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: logwhy.py LOG_FILE", file=sys.stderr)
+    previous = argv[2:] == ["--previous"]
+    if len(argv) != 2 and not previous:
+        print("usage: logwhy.py LOG_FILE [--previous]", file=sys.stderr)
         return 2
     try:
-        lines = read_tail(argv[1])
+        # the start before the last: every line of the end read (a start writes hundreds)
+        lines = read_tail(argv[1], lines=1 << 30 if previous else SCAN_LINES)
     except OSError as exc:
         print(f"cannot read {argv[1]}: {exc.strerror}")
         return 0  # a report, not a second failure: the caller fails with its own message
-    print(report(lines))
+    print(report(lines, previous=previous))
     return 0
 
 

@@ -393,9 +393,11 @@ RECORDS: tuple[StackRecord, ...] = (
                 "`vfleet plan --standby-model` plans a sleeping engine at 2,217 +/- 512 MiB per "
                 "GPU: the largest nvidia-smi figure of a sleeping engine on the H200 with 0.24.0 "
                 "(GPU.md section 6: 1,797 tiny, 2,217 mid; the switch runs: 1,768-1,790 and "
-                "2,200-2,208 MiB). A 27B sleeper and any other card are "
-                "unverified: the +/- is a guess, not a measurement (engine/resident.py, "
-                "docs/PLANNER.md)",
+                "2,200-2,208 MiB), and 2,010-2,012 MiB for a 27B AWQ sleeper on an H100 "
+                "(section 14). Host memory: an engine that has slept at level 1 keeps its "
+                "pinned weight copy awake too, 1.54x its weights for the 27B (32,177-32,361 MiB "
+                "per engine, section 14); the plan counts both engines' copies at that ratio "
+                "(65.0 GiB planned, 63.0 GiB held) (engine/resident.py, docs/PLANNER.md)",
             ),
             Claim(
                 "resident pair awake at once (27B)",
@@ -409,14 +411,17 @@ RECORDS: tuple[StackRecord, ...] = (
                 "cache (50.01 GiB) and weights (17.91 GiB) alone exceeded the budget by 5.0 GiB, "
                 "and the second engine's start ran out of memory (docs/GPU.md section 13; "
                 "bench/results/h200/vswitch-27b-2026-12-06-*). The cause, read in 0.24.0's source "
-                "and reviewed against PyTorch's caching allocator (not yet shown on a GPU): sleep "
-                "mode's pool releases the repack's freed segments behind PyTorch, which still "
-                "counts them in memory_reserved(), so the profile's non-torch memory comes out "
-                "low and the KV cache gets them (vllm-project/vllm#40256; 0.27.1 measures with "
-                "the driver's free memory). The SM75 plugin's sleep-memory takes them out of "
-                "torch's share (tests/unit/test_plugin_sleep_memory.py, on stand-ins); rule "
-                "sleep-mode warns where a 0.24.0 stack without it runs sleep mode with "
-                "quantized weights",
+                "and reviewed against PyTorch's caching allocator: sleep mode's pool releases "
+                "the repack's freed segments behind PyTorch, which still counts them in "
+                "memory_reserved(), so the profile's non-torch memory comes out low and the KV "
+                "cache gets them (vllm-project/vllm#40256; 0.27.1 measures with the driver's "
+                "free memory). The SM75 plugin's sleep-memory takes them out of torch's share, "
+                "shown on an H100 (2026-12-07, the same pair at 0.45 each): each engine logged "
+                "8.29 GiB released and 0.10 GiB free taken out, a alone held 34,392 MiB of its "
+                "36,487 MiB share (44,414 MiB without the feature, whose b vLLM then refused to "
+                "start), and both engines awake held 35,184 and 34,808 MiB (docs/GPU.md section "
+                "14; bench/results/h100/vswitch-27b-2026-12-07-*); rule sleep-mode warns where "
+                "a 0.24.0 stack without it runs sleep mode with quantized weights",
             ),
         ),
     ),

@@ -102,7 +102,7 @@ def test_json_has_both_plans_and_the_orders(cli: Callable[..., Result], level: i
 
 def test_the_27b_pair_is_planned_at_the_host_memory_it_held_on_an_h100() -> None:
     """docs/GPU.md section 14: the 27B AWQ pair at 0.45 each on an H100, sleep level 1. Each
-    engine's processes held 32,177-32,361 MiB once it had slept (the pinned copy stays after
+    engine's processes held 32,116-32,361 MiB once it had slept (the pinned copy stays after
     the wake): 64,538 MiB for the pair, which the plan must not undercount, and a 64 GiB box is
     refused with level 2 as the way out."""
     sets = ("max_model_len=32768", "gpu_memory_utilization=0.45", "kv_cache_dtype=auto")

@@ -395,7 +395,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 "(GPU.md section 6: 1,797 tiny, 2,217 mid; the switch runs: 1,768-1,790 and "
                 "2,200-2,208 MiB), and 2,010-2,012 MiB for a 27B AWQ sleeper on an H100 "
                 "(section 14). Host memory: an engine that has slept at level 1 keeps its "
-                "pinned weight copy awake too, 1.54x its weights for the 27B (32,177-32,361 MiB "
+                "pinned weight copy awake too, 1.54x its weights for the 27B (32,116-32,361 MiB "
                 "per engine, section 14); the plan counts both engines' copies at that ratio "
                 "(65.0 GiB planned, 63.0 GiB held) (engine/resident.py, docs/PLANNER.md)",
             ),
@@ -418,7 +418,7 @@ RECORDS: tuple[StackRecord, ...] = (
                 "free memory). The SM75 plugin's sleep-memory takes them out of torch's share, "
                 "shown on an H100 (2026-12-07, the same pair at 0.45 each): each engine logged "
                 "8.29 GiB released and 0.10 GiB free taken out, a alone held 34,392 MiB of its "
-                "36,487 MiB share (44,414 MiB without the feature, whose b vLLM then refused to "
+                "36,486 MiB share (44,414 MiB without the feature, whose b vLLM then refused to "
                 "start), and both engines awake held 35,184 and 34,808 MiB (docs/GPU.md section "
                 "14; bench/results/h100/vswitch-27b-2026-12-07-*); rule sleep-mode warns where "
                 "a 0.24.0 stack without it runs sleep mode with quantized weights",

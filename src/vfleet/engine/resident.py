@@ -34,7 +34,7 @@ ENGINE_HOST_BYTES = 4200 * MIB
 # A level-1 sleep copies the weights to pinned host memory, and that memory stays with the
 # engine after it wakes (its RSS did not come back down): measured for the 27B AWQ engines on
 # an H100, 17.91 GiB of weights, the engine core's RSS from 2,553-2,713 MiB before the first
-# sleep to 30,719-30,926 MiB asleep and 30,926 MiB awake again: 28,167-28,213 MiB, 1.54x the
+# sleep to 30,719-30,926 MiB asleep and 30,780-30,926 MiB awake again: 28,167-28,227 MiB, 1.54x the
 # weights (section 14; the mid model's 4.15 GiB took about 1.0x, section 12). Most likely
 # torch's caching host allocator, which keeps freed pinned blocks for reuse and sizes them up;
 # not read in torch's source here. Planned at the largest ratio seen.

@@ -943,7 +943,7 @@ def _taken(a: argparse.Namespace, prefix: Path, then: str) -> tuple[Replica, dic
 def prime(r: Replica) -> dict[str, float] | None:
     """A level-1 sleep and wake of the drained engine, so that its first switch away does not
     copy the weights into pinned host memory while clients wait. The first level-1 sleep of a
-    27B AWQ engine took 16.58 s on an H100, every later one 0.44-0.46 s: the pinned memory stays
+    27B AWQ engine took 16.58 s on an H100, every later one 0.41-0.46 s: the pinned memory stays
     with the engine after the wake (docs/GPU.md section 14). None where it sleeps at another
     level (level 2 drops the weights; level 0 keeps them on the card)."""
     if r.level != 1:

@@ -262,14 +262,26 @@ def gpu_apps() -> dict[int, int]:
     return apps
 
 
+def asleep(port: int, timeout: float = 5.0) -> bool | None:
+    """vLLM's /is_sleeping on loopback (sleep mode's development route); None: no answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/is_sleeping", timeout=timeout) as r:
+            return bool(json.loads(r.read())["is_sleeping"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def memory(engines: list[Engine]) -> dict[str, Any]:
-    """GPU MiB (nvidia-smi, per process of each engine's group) and host RSS MiB per engine."""
+    """GPU MiB (nvidia-smi, per process of each engine's group) and host RSS MiB per engine,
+    and whether it sleeps as the reading is taken (`level` is the level it sleeps at when it
+    does, not its state: a reader of section 14's raw files took it for the state)."""
     apps = gpu_apps()
     out: dict[str, Any] = {"gpu_used_total_mib": lane.gpu_used_mib(), "apps": apps}
     for e in engines:
         pids = group_pids(e.pgid) if e.pgid else []
         out[e.name] = {
             "level": e.level,
+            "asleep": asleep(e.port),
             "gpu_mib": sum(apps.get(p, 0) for p in pids),
             "gpu_pids": {str(p): apps[p] for p in pids if p in apps},
             "rss_mib": round(sum(rss_mib(p) for p in pids), 1),

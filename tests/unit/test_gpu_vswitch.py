@@ -102,3 +102,35 @@ def test_a_pair_with_random_weights_switches_at_level_1_only() -> None:
     assert all(not levels for _, levels in vs.sequence_of("27b-awq"))
     assert [to for to, _ in vs.sequence_of("27b-awq")] == ["b", "a", "b", "a", "b"]
     assert any(2 in levels.values() for _, levels in vs.sequence_of("tiny-mid"))
+
+
+def test_a_memory_reading_says_whether_the_engine_sleeps(tmp_path: Path) -> None:
+    """`asleep` reads vLLM's /is_sleeping (here a loopback server answering as vLLM does): the
+    state at the reading, which `level` (the level it sleeps at) is not."""
+    import http.server
+    import threading
+
+    import gpu_switch as gs
+
+    answers = iter([b'{"is_sleeping": true}', b'{"is_sleeping": false}', b"not json"])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            assert self.path == "/is_sleeping"
+            body = next(answers)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert [gs.asleep(port), gs.asleep(port), gs.asleep(port)] == [True, False, None]
+    finally:
+        server.shutdown()
+    assert gs.asleep(port, timeout=0.5) is None  # nobody listens any more

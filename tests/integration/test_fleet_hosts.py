@@ -231,6 +231,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 n.host.shutdown()
             except BaseException:  # a ^C during one host's stop must not leave it up
                 n.host.shutdown(timeout=1)
+        # Each host's vLLM logs stay with the fleet's logs: a worker that died in a swap left its
+        # Python stack only there (docs/ARCHITECTURE.md), and the roots go below.
+        for n in nodes.values():
+            for log in sorted((n.host.root / "opt/vfleet/logs").glob("*.log")):
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(log, tmp / f"{n.host.name}-{log.name}")
         # The roots (a venv of ~4 GB each) go in the background: the worker's next test file
         # need not wait the half minute that takes.
         subprocess.Popen(
@@ -896,27 +902,23 @@ def test_services_run_unprivileged_and_units_read_back_exactly(fleet: Fleet) -> 
     node1.host.run("rm /run/systemd/system/vfleet-rt.service && systemctl daemon-reload")
 
 
-@pytest.mark.ci
-def test_a_worker_killed_during_the_warmup_costs_a_restart_not_the_deploy(fleet: Fleet) -> None:
-    """A real SIGILL to vLLM's worker once a deploy's new start serves, while ExecStartPost's
-    warmup runs: what CI met by itself, at random, in runs of this file (a good release's
-    worker "died unexpectedly (exit code: -4)", docs/ARCHITECTURE.md), made to happen. The API
-    server exits 0, systemd restarts it, the role waits for that one restart (vfleet_start_retries)
-    and the deploy succeeds, saying so; the log holds the worker's own Python stack
-    (PYTHONFAULTHANDLER) and logwhy's reading of it names the signal."""
-    node1 = fleet.nodes["node1"]
-    before = unit_show(node1)
-    sets = " ".join([*node1.sets, "max_num_seqs=2"])
+def _kill_the_worker_while_it_warms_up(
+    fleet: Fleet, node: Node, target: str, make_vars: tuple[str, ...], log_name: str
+) -> tuple[int, str]:
+    """`make TARGET` on ``node``, and a real SIGILL to vLLM's worker once the new start serves
+    while ExecStartPost's warmup runs (unit `start-post`, /health 200, one worker): make's exit
+    status and output. Asserts that the kill happened."""
+    before = unit_show(node)
     env = dict(
         os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **ansible_task_times(fleet.logs)
     )
     killed = ""
     seen: list[str] = []  # what the loop saw: main pid, sub-state, /health, workers
     # Its output to a file: a pipe nobody reads while the loop below polls would fill and stall it.
-    out_file = fleet.logs / "deploy-worker-killed.log"
+    out_file = fleet.logs / log_name
     with KeyWatch() as watch, out_file.open("w") as sink:
-        deploy = subprocess.Popen(
-            make_argv(fleet, "deploy", ("HOST=node1", f"SET={sets}")),
+        proc = subprocess.Popen(
+            make_argv(fleet, target, make_vars),
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -925,28 +927,28 @@ def test_a_worker_killed_during_the_warmup_costs_a_restart_not_the_deploy(fleet:
             text=True,
         )
         try:
-            deadline = time.monotonic() + 900  # bounded: the start comes within the deploy's time
-            while not killed and deploy.poll() is None and time.monotonic() < deadline:
+            deadline = time.monotonic() + 900  # bounded: the start comes within make's time
+            while not killed and proc.poll() is None and time.monotonic() < deadline:
                 # One ssh round: the unit's main pid and state, the worker's pid.
-                state = node1.host.run(
+                state = node.host.run(
                     "systemctl show vfleet-vllm@main.service -p MainPID --value; "
                     "systemctl show vfleet-vllm@main.service -p SubState --value; "
                     "pgrep -x VLLM::Worker | xargs",
                     check=False,
                 ).stdout.splitlines()
                 main_pid, sub, workers = [*state, "", "", ""][:3]
-                health = _health(node1.port)
+                health = _health(node.port)
                 seen.append(f"{main_pid} {sub} {health} [{workers}]")
                 # The new start's main process serves while its warmup runs (start-post).
                 new_start = main_pid not in ("0", before["MainPID"]) and sub == "start-post"
                 if new_start and health == 200 and len(workers.split()) == 1:
-                    node1.host.run(f"kill -ILL {workers}")
+                    node.host.run(f"kill -ILL {workers}")
                     killed = workers
                 time.sleep(0.5)
-            deploy.wait(timeout=1500)
+            proc.wait(timeout=1500)
         finally:
-            if deploy.poll() is None:
-                deploy.kill()
+            if proc.poll() is None:
+                proc.kill()
     assert not watch.seen, watch.seen
     out = out_file.read_text()
     assert killed, (
@@ -954,8 +956,30 @@ def test_a_worker_killed_during_the_warmup_costs_a_restart_not_the_deploy(fleet:
         + "\n".join(seen[-40:])
         + out[-1500:]
     )
-    assert deploy.returncode == 0, out[-5000:]
-    assert "systemd restarted it 1 time(s) by itself" in out, out[-3000:]
+    return proc.returncode, out
+
+
+@pytest.mark.ci
+def test_a_worker_killed_during_the_warmup_costs_a_restart_not_the_deploy(fleet: Fleet) -> None:
+    """A real SIGILL to vLLM's worker once a deploy's new start serves, while ExecStartPost's
+    warmup runs: what CI met by itself, at random, in runs of this file (a good release's
+    worker "died unexpectedly (exit code: -4)", docs/ARCHITECTURE.md), made to happen. The API
+    server exits 0, systemd restarts it, the role waits for that one restart (vfleet_start_retries)
+    and the deploy succeeds, saying so and why; the log holds the worker's own Python stack
+    (PYTHONFAULTHANDLER) and logwhy's reading of it names the signal. Then the same during a
+    rollback's start (rollback.yml waits as a deploy does, wait_unit.yml): before, a blocking
+    restart failed at that death and left the host rolled back to nothing."""
+    node1 = fleet.nodes["node1"]
+    inst = "/opt/vfleet/instances/main"
+    first = node1.host.run(f"readlink {inst}/current").stdout.strip()
+    sets = " ".join([*node1.sets, "max_num_seqs=2"])
+    rc, out = _kill_the_worker_while_it_warms_up(
+        fleet, node1, "deploy", ("HOST=node1", f"SET={sets}"), "deploy-worker-killed.log"
+    )
+    assert rc == 0, out[-5000:]
+    said = " ".join(out.split())
+    assert "systemd restarted it 1 time(s) by itself" in said, out[-3000:]
+    assert "Fatal Python error: Illegal instruction in " in said, out[-3000:]  # logwhy --previous
     after = unit_show(node1)
     assert after["ActiveState"] == "active" and after["NRestarts"] == "1", after
     assert chat(node1.port)[0] == 200
@@ -968,6 +992,20 @@ def test_a_worker_killed_during_the_warmup_costs_a_restart_not_the_deploy(fleet:
     why = last_error((LAUNCH_MARK + died).splitlines())
     assert why is not None and "Fatal Python error: Illegal instruction in " in why, why
     record("worker_sigill_during_warmup", {"why": why})
+
+    # The rollback to the release before: its start dies the same way, and comes back.
+    rc, out = _kill_the_worker_while_it_warms_up(
+        fleet, node1, "rollback", ("HOST=node1",), "rollback-worker-killed.log"
+    )
+    assert rc == 0, out[-5000:]
+    said = " ".join(out.split())
+    assert f"rolled back to release {Path(first).name}" in said, out[-3000:]
+    assert "systemd restarted it 1 time(s) by itself" in said, out[-3000:]
+    assert "Fatal Python error: Illegal instruction in " in said, out[-3000:]
+    assert node1.host.run(f"readlink {inst}/current").stdout.strip() == first
+    after = unit_show(node1)
+    assert after["ActiveState"] == "active" and after["NRestarts"] == "1", after
+    assert chat(node1.port)[0] == 200
 
 
 # In make test-fleet: the death above covers systemd bringing a dead engine back in CI.

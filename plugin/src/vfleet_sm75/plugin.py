@@ -86,6 +86,10 @@ def _register() -> None:
                 from . import sleep_memory
 
                 sleep_memory.install()
+            elif d.feature == "cpu-amx":
+                from . import cpu_amx
+
+                cpu_amx.install()
         except Exception as exc:  # a hook that cannot be installed leaves vLLM stock
             d.active, d.reason = False, f"hook failed: {exc!r}"
     log(logging.INFO, decide.summary(decisions, facts.vllm_version))

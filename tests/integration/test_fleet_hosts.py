@@ -56,7 +56,7 @@ from tests.support.tune_replay import replay_climb
 from tests.support.vllm_server import vllm_python, vllm_venv
 from vfleet.config.escape import systemd_command
 from vfleet.engine.rules import CACHE_ENV
-from vfleet.fleet.tune_measure import BenchPlan, measure, until_decoded
+from vfleet.fleet.tune_measure import NO_DECODE, BenchPlan, measure, until_decoded
 from vfleet.hostside.logwhy import LAUNCH_MARK, last_error
 from vfleet.paths import tools_dir
 from vfleet.render.cache_seed import read_manifest
@@ -1710,9 +1710,12 @@ def advice_after_traffic(node: Node) -> dict[str, Any]:
             measure, f"http://127.0.0.1:{node.port}", API_KEY, BenchPlan(1, 128, 64, 3)
         )
         traffic = until_decoded(bench, print)
-        assert not isinstance(traffic, str), traffic
+        # Served but read late three times over (this session's fresh-clone CI on a slow
+        # 2-core machine): its requests still put drafts in the sidecar's window, which is all
+        # this needs; a bench whose requests failed says why after NO_DECODE and fails here.
+        assert not isinstance(traffic, str) or traffic == NO_DECODE, traffic
         advice = depth_advice(sidecar_metrics(node))
-        advice["traffic_acceptance"] = traffic.acceptance_rate
+        advice["traffic_acceptance"] = None if isinstance(traffic, str) else traffic.acceptance_rate
         advice["tries"] = attempt
         if advice["state"] not in (None, "no_drafts"):
             break

@@ -41,7 +41,8 @@
 #             issue 32 with `vfleet switch` itself (bench/gpu_vswitch.py): up (tiny a + mid b,
 #             nginx front, b the standby; UP ARGS go to `up`, e.g. --plugin-b off, or --pair
 #             27b-awq --start-timeout 600 for the two AWQ 27B presets at their own size with
-#             random weights), the switch sequence under load, down; stopped by `timeout` after
+#             random weights), the switch sequence under load (SWITCH_ARGS=--wake-first in the
+#             environment: `vfleet switch to --wake-first`), down; stopped by `timeout` after
 #             SECONDS (default 800; the 27B pair on a fresh host needs about 1,100)
 #   graphs MODEL [SECONDS]
 #             issue 31 item 5 on a preset at its own size (dummy weights): single-stream decode
@@ -263,8 +264,10 @@ vswitch)
     echo "== vswitch up: exit $rc after $(($(date +%s) - t0)) s"
     left=$((secs - ($(date +%s) - t0)))
     if [ "$rc" = 0 ] && [ "$left" -gt 60 ]; then
+        # shellcheck disable=SC2086  # SWITCH_ARGS: words for `gpu_vswitch.py switch`
         timeout -k 30 -s TERM "$left" python3 bench/gpu_vswitch.py switch --out "$OUT/vswitch" \
-            --pythonpath $SITE --budget-s "$((left - 60))" || echo "== vswitch switch: exit $?"
+            --pythonpath $SITE --budget-s "$((left - 60))" ${SWITCH_ARGS:-} \
+            || echo "== vswitch switch: exit $?"
     fi
     python3 bench/gpu_vswitch.py down --pythonpath $SITE || true
     # the engines' logs and nginx's

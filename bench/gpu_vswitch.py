@@ -522,7 +522,9 @@ def cmd_switch(a: argparse.Namespace) -> int:
             frm = "a" if to == "b" else "b"
             time.sleep(a.pre_s)
             t_start = load.now()
-            cmd = vfleet(a.pythonpath, "switch", "to", lb, to, "-i", inv, "--json", timeout=600)
+            order = ["--wake-first"] if a.wake_first else []
+            cmd = vfleet(a.pythonpath, "switch", "to", lb, to, "-i", inv, "--json", *order,
+                         timeout=600)  # fmt: skip
             t_end = load.now()
             rec: dict[str, Any] = {"to": to, "frm": frm, "levels_set": levels,
                                    "sleeps_at": levels_now[frm], "woken_from": levels_now[to],
@@ -655,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--request-timeout-s", type=float, default=30.0)
     s.add_argument("--max-requests", type=int, default=3000)
     s.add_argument("--budget-s", type=float, default=0)
+    s.add_argument(
+        "--wake-first",
+        action="store_true",
+        help="`vfleet switch to --wake-first`: the standby wakes while the active drains (the "
+        "pair must fit awake at once; the 27B pair at 0.45 each does)",
+    )
     s.set_defaults(fn=cmd_switch)
     d = sub.add_parser("down")
     common(d)

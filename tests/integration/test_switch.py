@@ -263,11 +263,18 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
             assert load.now() < 120, Load.summary(load.requests)
             time.sleep(0.2)
         s0 = load.now()
-        r = cli("switch", "to", lb, "b", "-i", inv, "--json", *PERF_TOLERANCES)
+        # Wake first: b wakes right after the flip, a drains and sleeps after (both whole on
+        # the CPU, level 0).
+        r = cli("switch", "to", lb, "b", "-i", inv, "--json", "--wake-first", *PERF_TOLERANCES)
         during = load.window(s0, load.now())
         assert r.rc == 0, r.out + r.err
         first = json.loads(r.out)
         assert first["outcome"] == "switched", first
+        assert first["order"] == "wake first", first
+        said = r.err.splitlines()  # the steps as they ran (--json: on stderr)
+        steps = [next(i for i, x in enumerate(said) if text in x)
+                 for text in ("b awake", "old workers finished", "a asleep")]  # fmt: skip
+        assert steps == sorted(steps), said
         gates = {g["name"]: g for g in first["gates"]}
         assert all(g["ok"] for g in gates.values()), gates
         assert gates["acceptance"]["detail"].startswith("not compared"), gates  # b: no drafts
@@ -309,6 +316,7 @@ def test_switch_serves_every_request_and_a_failed_gate_rolls_back(
         r = cli("switch", "to", lb, "a", "-i", inv, "--json", "--no-perf-gate")
         assert r.rc == 1, r.out + r.err
         second = json.loads(r.out)
+        assert second["order"] == "sleep first", second  # the default
         assert second["outcome"] == "rolled back" and "gate greedy failed" in second["why"], second
         assert second["rollback"].startswith("ok"), second
         assert [g["name"] for g in second["gates"]] == ["health", "completion", "greedy"]

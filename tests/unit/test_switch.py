@@ -212,7 +212,10 @@ def test_the_report_names_every_step_and_gate() -> None:
     text = rep.text()
     assert text.startswith("switch a -> b: switched in 3.21 s")
     assert "first token from b through the front: 1.50 s after the flip" in text
-    assert "old workers done 0.10 s, a asleep 0.20 s, b awake 0.30 s" in text
+    assert "sleep first: old workers done 0.10 s, a asleep 0.20 s, b awake 0.30 s" in text
+    rep.order = switch.WAKE_FIRST  # the steps in the order they ran
+    assert "wake first: b awake 0.30 s, old workers done 0.10 s, a asleep 0.20 s" in rep.text()
+    rep.order = switch.SLEEP_FIRST
     assert "gate health      ok   /health 200" in text
     assert "reference for its next wake" not in text
     rep.recorded = "kept from 2026-12-04T05:00:00Z"

@@ -451,6 +451,16 @@ RECORDS: tuple[StackRecord, ...] = (
                 "level 1, tests/unit/test_switch.py checks the calls on a stand-in",
             ),
             Claim(
+                "switch --wake-first",
+                Level.UNVERIFIED,
+                "`vfleet switch to --wake-first` wakes the standby right after the flip and "
+                "sleeps the active after its drain, so the queued requests wait for the wake "
+                "alone (the drain and the sleep were 1.7-2.8 s of a 27B switch's 2.8-4.6 s to "
+                "the first token on an H100, docs/GPU.md section 15). Run on the CPU profile "
+                "only (tests/integration/test_switch.py, level 0); not yet on a GPU, where both "
+                "budgets must fit awake at once",
+            ),
+            Claim(
                 "switch performance gate beside clients",
                 Level.GPU,
                 "measured on an H100 (section 14): two good 27B switches rolled back on TTFT "

@@ -108,6 +108,7 @@ HTTP_TIMEOUT_S = 60.0
 RECORD_TIMEOUT_S = 30.0  # writing one small file on the box (ssh included)
 # The steps and gates by the names the sidecar's failed_at label knows (one list, there).
 FLIP, DRAIN, RECORDING, SLEEP, WAKE = hostrec.STEPS
+SLEEP_FIRST, WAKE_FIRST = "sleep first", "wake first"  # Report.order
 HEALTH, COMPLETION, GREEDY, ACCEPTANCE, PERFORMANCE = hostrec.GATES
 SCRIPT_MARGIN_S = 30.0
 
@@ -571,6 +572,10 @@ class Report:
     # A level 2 wake: the plugin's drafter-reload record of it (sleepctl --plugin-state), or None
     drafter: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # a sidecar's record not written, and why
+    # "sleep first" (the active sleeps, then the standby wakes: the default, where the two may
+    # not fit awake at once) or "wake first" (--wake-first: the standby wakes while the active
+    # drains, and the active sleeps after)
+    order: str = "sleep first"
 
     def text(self) -> str:
         lines = [f"switch {self.frm} -> {self.to}: {self.outcome} in {self.seconds:.2f} s"]
@@ -579,7 +584,10 @@ class Report:
                          f"{self.first_token_s:.2f} s after the flip")  # fmt: skip
         steps = [("old workers done", self.drain_s), (f"{self.frm} asleep", self.sleep_s),
                  (f"{self.to} awake", self.wake_s)]  # fmt: skip
-        lines.append("  " + ", ".join(f"{n} {s:.2f} s" for n, s in steps if s is not None))
+        if self.order == WAKE_FIRST:
+            steps = [steps[2], steps[0], steps[1]]
+        done = ", ".join(f"{n} {s:.2f} s" for n, s in steps if s is not None)
+        lines.append(f"  {self.order}: {done}" if done else f"  {self.order}")
         if self.recorded:
             took = f" in {self.record_s:.2f} s" if self.record_s is not None else ""
             lines.append(f"  {self.frm}'s reference for its next wake: {self.recorded}{took}")
@@ -659,17 +667,25 @@ def switch(
     perf_tolerances: Tolerances = DEFAULT_TOLERANCES,
     front_url: str | None,
     out: Any,
+    wake_first: bool = False,
 ) -> Report:
     state = read_state(prefix)
     rec = state["replicas"].get(new.host) or {}
-    rep = Report(new.host, old.host)
+    rep = Report(new.host, old.host, order=WAKE_FIRST if wake_first else SLEEP_FIRST)
     t0 = time.monotonic()
 
     def say(text: str) -> None:
         print(f"[{time.monotonic() - t0:6.2f} s] {text}", file=out, flush=True)
 
+    def wake() -> None:
+        level = new.wake_level(rec)
+        woke = new.ctl("wake", str(level), *new.state_args(level), timeout=60)
+        rep.wake_s, rep.drafter = float(woke["seconds"]), woke.get("drafter")
+        say(f"{new.host} awake" + (f"; {rep.drafter['detail']}" if rep.drafter else ""))
+
     probe: FirstToken | None = None
     flipped = False
+    slept = False  # whether `old` went to sleep: a rollback wakes it only then
     step = FLIP
     try:
         restarted(new, rec)
@@ -679,6 +695,12 @@ def switch(
         if front_url:
             probe = FirstToken(front_url, new.served, new.api_key, t0)
             probe.start()
+        if wake_first:
+            # The queued requests run while the old engine finishes its own: the drain and the
+            # sleep leave the new model's first token's path (1.7-2.8 s of a 27B switch's
+            # 2.8-4.6 s on an H100, docs/GPU.md section 15). Both engines are awake meanwhile.
+            step = WAKE
+            wake()
         step = DRAIN
         rep.drain_s = workers_gone(prefix, gone)
         say(f"nginx's old workers finished their requests to {old.host}")
@@ -699,14 +721,13 @@ def switch(
         step = SLEEP
         rep.sleep_s = float(old.ctl("sleep", str(old.level), "--mode", "wait",
                                     timeout=120)["seconds"])  # fmt: skip
+        slept = True
         say(f"{old.host} asleep (level {old.level})")
         state["replicas"][old.host] = old_rec
         write_state(prefix, state)
-        step = WAKE
-        level = new.wake_level(rec)
-        woke = new.ctl("wake", str(level), *new.state_args(level), timeout=60)
-        rep.wake_s, rep.drafter = float(woke["seconds"]), woke.get("drafter")
-        say(f"{new.host} awake" + (f"; {rep.drafter['detail']}" if rep.drafter else ""))
+        if not wake_first:
+            step = WAKE
+            wake()
         rep.gates = run_gates(new, rec, perf_gate, tolerance, perf_tolerances)
         failed = [g for g in rep.gates if not g.ok]
         if failed:
@@ -720,7 +741,7 @@ def switch(
             rep.outcome = hostrec.OUTCOMES["not_started"]
         else:
             say(f"FAILED: {exc}; rolling back to {old.host}")
-            rep.rollback = _rollback(prefix, state, new, old, say)
+            rep.rollback = _rollback(prefix, state, new, old, say, old_asleep=slept)
             ok = rep.rollback.startswith("ok")
             rep.outcome = hostrec.OUTCOMES["rolled_back" if ok else "failed"]
     else:
@@ -814,8 +835,11 @@ def publish(r: Replica, record: hostrec.SwitchRecord) -> str | None:
     return None
 
 
-def _rollback(prefix: Path, state: dict[str, Any], new: Replica, old: Replica, say: Any) -> str:
-    """The switch in reverse: `old` serves again. What happened, starting with ok or FAILED."""
+def _rollback(
+    prefix: Path, state: dict[str, Any], new: Replica, old: Replica, say: Any, old_asleep: bool
+) -> str:
+    """The switch in reverse: `old` serves again (woken where it had gone to sleep). What
+    happened, starting with ok or FAILED."""
     try:
         gone = flip(prefix, admit=old.host, drain=new.host)
         workers_gone(prefix, gone)
@@ -824,7 +848,8 @@ def _rollback(prefix: Path, state: dict[str, Any], new: Replica, old: Replica, s
         # it slept at before this switch.
         state["replicas"][new.host] = {**(state["replicas"].get(new.host) or {}), "state":
                                        "asleep", "level": new.level, "since": _now()}  # fmt: skip
-        old.ctl("wake", str(old.level), timeout=60)
+        if old_asleep:
+            old.ctl("wake", str(old.level), timeout=60)
         old.health()
         old.client().complete(old.served, "Hi", 1, allow_no_text=True)
     except (StepFailed, VfleetError, BenchError) as exc:
@@ -876,6 +901,7 @@ def cmd_to(a: argparse.Namespace) -> int:
                 perf_tolerances=perf_tolerances,
                 front_url=f"http://{lb['listen']}",
                 out=out,
+                wake_first=a.wake_first,
             )
         finally:
             _close(new, old)
@@ -1091,6 +1117,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="skip the performance gate (it runs when `standby --perf-gate` recorded a bench "
         "for HOST)",
+    )
+    to.add_argument(
+        "--wake-first",
+        action="store_true",
+        help="wake HOST right after the flip, while the serving replica finishes its requests, "
+        "and put that one to sleep after: the drain and the sleep leave the clients' wait. Both "
+        "engines are then awake at once, so only for a pair whose budgets fit together (`vfleet "
+        "plan --standby-model` says so; a pair at 0.45 of the card each does). Default: sleep "
+        "first, then wake",
     )
     to.add_argument(
         "--acceptance-tolerance",

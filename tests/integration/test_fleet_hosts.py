@@ -1341,12 +1341,7 @@ def test_single_box_swap_reports_downtime(fleet: Fleet) -> None:
     swap's own watcher and the load both measure the downtime. (node1 serves tiny-dense under
     the alias tiny-hybrid-mtp after the fleet swap above.)"""
     node1 = fleet.nodes["node1"]
-    load = loadgen.Load(
-        f"http://127.0.0.1:{node1.port}", API_KEY, rate=1.0, max_requests=3000, limit_s=1500
-    ).start()
-    try:
-        steady = load.summary(load.answered(0, 4))
-        assert steady["ok"] >= 3 and steady["failed"] == 0, steady
+    with _steady_load(node1) as (load, steady):
         t0 = load.now()
         rc, report, err = swap(fleet, "node1", "--model", MODEL)
         swapped = report.get("hosts", [{}])[0]
@@ -1359,8 +1354,6 @@ def test_single_box_swap_reports_downtime(fleet: Fleet) -> None:
         record("swap_single_box", {"swap": report, "load_steady": steady, "load_during": during,
                                    "load_longest_gap_s": round(load.downtime(), 1)})  # fmt: skip
         assert during["ok"] >= 1 and during["failed"] >= 1, during  # down, then up again
-    finally:
-        load.stop()
 
 
 # In make test-fleet (two vLLM starts CI's time does not hold, docs/BENCHMARKS.md): the broken
@@ -1370,12 +1363,7 @@ def test_single_box_swap_rolls_back_a_broken_model(fleet: Fleet) -> None:
     previous release and serves; the broken start cost downtime too, then the old model serves
     every request."""
     node1 = fleet.nodes["node1"]
-    load = loadgen.Load(
-        f"http://127.0.0.1:{node1.port}", API_KEY, rate=1.0, max_requests=3000, limit_s=1500
-    ).start()
-    try:
-        steady = load.summary(load.answered(0, 4))
-        assert steady["ok"] >= 3 and steady["failed"] == 0, steady
+    with _steady_load(node1) as (load, _steady):
         broken_model(node1)
         t1 = load.now()
         # Weights of the same architecture (else preflight stops it and nothing changes).
@@ -1395,9 +1383,22 @@ def test_single_box_swap_rolls_back_a_broken_model(fleet: Fleet) -> None:
         record("swap_single_box_broken", {"swap": report, "load": rolled,
                                           "load_after": restored})  # fmt: skip
         assert unit_show(node1)["ActiveState"] == "active"
+    assert rolled["failed"] >= 1 and restored["failed"] == 0 and restored["ok"] >= 5, restored
+
+
+@contextlib.contextmanager
+def _steady_load(node: Node) -> Iterator[tuple[loadgen.Load, dict[str, Any]]]:
+    """Load on node's own port (one request a second, bounded) once it served 4 without a
+    failure, and the summary of those 4; stopped at the end of the block."""
+    load = loadgen.Load(
+        f"http://127.0.0.1:{node.port}", API_KEY, rate=1.0, max_requests=3000, limit_s=1500
+    ).start()
+    try:
+        steady = load.summary(load.answered(0, 4))
+        assert steady["ok"] >= 3 and steady["failed"] == 0, steady
+        yield load, steady
     finally:
         load.stop()
-    assert rolled["failed"] >= 1 and restored["failed"] == 0 and restored["ok"] >= 5, restored
 
 
 def _perf_reference(fleet: Fleet, node: Node, current: str) -> str:

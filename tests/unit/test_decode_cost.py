@@ -220,9 +220,13 @@ def test_every_configuration_a_device_step_runs_is_in_the_lane_matrix() -> None:
     spec.loader.exec_module(lane)
     known = {c.name for c in lane.MATRIX}
     text = (REPO / "bench/gpu_device_steps.sh").read_text(encoding="utf-8")
-    calls = re.findall(r"lane_each (\w+) [^\n]*\\\n\s+([^\n]+)", text)
-    steps = {step: [p.split(":")[0] for p in rest.split()] for step, rest in calls}
-    assert {"graphs", "variants", "depths"} <= set(steps)
+    # the configurations follow on the continuation lines (one or more, each ending in "\")
+    calls = re.findall(r"lane_each (\w+) [^\n]*\\\n((?:[^\n]*\\\n)*[^\n]+)", text)
+    steps = {
+        step: [p.split(":")[0] for p in rest.replace("\\", " ").split()] for step, rest in calls
+    }
+    assert {"graphs", "variants", "depths", "prune"} <= set(steps)
+    assert steps["prune"] == ["mtp-triton-full", "mtp-triton-full-pruned"] * 2  # interleaved
     assert steps["depths"] == [
         "nomtp-triton-full",
         "mtp1-triton-full",

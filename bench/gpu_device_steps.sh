@@ -314,7 +314,8 @@ depths)
 prune)
     # the plugin's truth (issue 31 item 6): draft-prune's pruned head against vLLM's full head
     # with full decode graphs, interleaved off, on, off, on, so that neither side always starts
-    # second from the other's compile artefacts (sections 7 and 9 ran on only ever second)
+    # second from the other's compile artefacts (in GPU.md sections 7 and 9 the plugin-on side
+    # always started second)
     lane_each prune "${2:?prune MODEL [SECONDS]}" "${3:-900}" \
         mtp-triton-full:330 mtp-triton-full-pruned:200 mtp-triton-full:180 \
         mtp-triton-full-pruned:180

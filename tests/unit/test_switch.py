@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from tests.conftest import Result
 from vfleet.engine.compile import resolve
 from vfleet.errors import VfleetError
 from vfleet.fleet import switch
+from vfleet.measure.client import Client
 from vfleet.render.plan import plan
 from vfleet.render.release import render_files
 
@@ -247,3 +249,53 @@ def test_admit_at_level_1_sleeps_and_wakes_the_engine_once_and_not_at_other_leve
     for level in (0, 2):
         other = engine(level)
         assert switch.prime(other) is None and other.calls == []
+
+
+class _Engine(switch.Replica):
+    """A stand-in that records the sleep controls a rollback calls and answers health and a
+    completion: a wake that fails (out of memory beside the engine still awake, with
+    --wake-first) cannot be made to happen on the CPU build, whose level 0 wakes always."""
+
+    calls: list[tuple[str, ...]]
+
+    def ctl(self, *args: str, timeout: float) -> dict[str, object]:
+        self.calls.append((self.host, *args))
+        return {"seconds": 0.1}
+
+    def health(self) -> None:
+        self.calls.append((self.host, "health"))
+
+    def client(self) -> Client:
+        engine = self
+
+        class _Answers(Client):
+            def __init__(self) -> None:
+                pass
+
+            def complete(self, *args: object, **kwargs: object) -> Any:
+                engine.calls.append((engine.host, "complete"))
+                return None
+
+        return _Answers()
+
+
+@pytest.mark.parametrize("old_asleep", [True, False])
+def test_a_rollback_wakes_the_old_engine_only_where_it_slept(
+    old_asleep: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(switch, "flip", lambda prefix, admit, drain: (admit, drain))
+    monkeypatch.setattr(switch, "workers_gone", lambda prefix, gone: 0.0)
+    new, old = (_Engine(h, {}, "python3", p, "chat", 1, None, "m", engine="e")
+                for h, p in (("b", 8002), ("a", 8001)))  # fmt: skip
+    new.calls = old.calls = calls
+    state: dict[str, Any] = {"replicas": {}}
+    said: list[str] = []
+    got = switch._rollback(tmp_path, state, new, old, said.append, old_asleep=old_asleep)
+    assert got.startswith("ok: a serves again"), (got, said)
+    woken = [("a", "wake", "1")] if old_asleep else []  # an awake engine is not woken again
+    assert calls == [("b", "sleep", "1", "--mode", "wait"), *woken,
+                     ("a", "health"), ("a", "complete")]  # fmt: skip
+    assert state["replicas"]["b"]["state"] == "asleep" and state["replicas"]["a"]["state"] == (
+        "serving"
+    )

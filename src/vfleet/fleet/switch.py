@@ -16,8 +16,12 @@ served_model_name: one serves (admitted), the other is the standby (drained, asl
   4. the gates, on the woken engine: /health, a completion, the greedy reply against the one it
      gave before it slept, MTP acceptance after the wake against its own figure before it slept
      (a collapse fails), and the performance gate against its own bench;
-  5. a failed gate (or a failed wake) is rolled back the same way in reverse, and the command
-     exits 1 with the reason.
+  5. a failed gate (or a failed wake) is rolled back the same way in reverse (the old engine is
+     woken where it had gone to sleep), and the command exits 1 with the reason.
+
+With `--wake-first` step 3 comes right after step 1: the standby wakes while the active
+finishes its requests, so the queued ones wait for the wake alone; both engines are then awake
+at once, so only for a pair whose budgets fit together (`vfleet plan --standby-model`).
 
 The sleep controls are vLLM's dev routes, on loopback only: they are called on the host
 itself by hostside/sleepctl.py (locally or over ssh), never through a front. The state
@@ -122,6 +126,8 @@ examples:
   # then, any time: box1-b serves, box1-a sleeps; and back
   vfleet switch to /srv/vfleet-lb box1-b -i inv.yml
   vfleet switch to /srv/vfleet-lb box1-a -i inv.yml
+  # a pair that fits awake at once: wake box1-b while box1-a finishes its requests
+  vfleet switch to /srv/vfleet-lb box1-b -i inv.yml --wake-first
   vfleet switch show /srv/vfleet-lb          # who serves, who sleeps, the last switch
 
 exit status: 0 switched (or put to sleep); 1 a gate or a step failed: rolled back to the
@@ -575,7 +581,7 @@ class Report:
     # "sleep first" (the active sleeps, then the standby wakes: the default, where the two may
     # not fit awake at once) or "wake first" (--wake-first: the standby wakes while the active
     # drains, and the active sleeps after)
-    order: str = "sleep first"
+    order: str = SLEEP_FIRST
 
     def text(self) -> str:
         lines = [f"switch {self.frm} -> {self.to}: {self.outcome} in {self.seconds:.2f} s"]

@@ -6,6 +6,10 @@
 #   recv [DIR] copy the wheelhouse pieces carried in DIR (default .gpulane/send) into ~/wh
 #   stage     (here) each piece N alone in .gpulane/sN, so that the N calls of `recv
 #             .gpulane/sN` need no step here between them
+#   pack      (here) .gpulane/repo.tar (the code `snap` unpacks there: src, bench without
+#             results, profiles, healthcheck, plugin, templates, pyproject.toml, build/wheels)
+#             and .gpulane/tools.tar (this machine's nginx and ssh-keygen with the libraries
+#             `ldd` lists for them, which `tools` installs there)
 #   install   join and install them into ~/site, vfleet's probe and plugin wheels from
 #             build/wheels (`make wheels` here; carried), check the imports, then
 #             flashinfer-cubin alone into ~/site-cubin if it was built (`build --with`)
@@ -147,6 +151,30 @@ stage)
         ln "$piece" ".gpulane/s$n/"
     done
     ls -d .gpulane/s[0-9]*
+    ;;
+pack)
+    if ! ls build/wheels/*.whl >/dev/null 2>&1; then
+        echo "build/wheels: no wheels; run make wheels first" >&2
+        exit 2
+    fi
+    mkdir -p .gpulane
+    tar -cf .gpulane/repo.tar --exclude=bench/results --exclude=__pycache__ \
+        src profiles bench healthcheck plugin templates pyproject.toml build/wheels
+    tdir=$(mktemp -d)
+    mkdir -p "$tdir/bin" "$tdir/lib"
+    for tool in nginx ssh-keygen; do
+        path=$(command -v "$tool" || true)
+        [ -n "$path" ] || path=/usr/sbin/$tool
+        [ -x "$path" ] || { echo "$tool: not installed here (make deps installs it)" >&2; exit 2; }
+        cp "$path" "$tdir/bin/"
+        # the libraries it links, except the C library's own, which the image has
+        ldd "$path" | awk '$3 ~ /^\// {print $3}' | grep -Ev '/(libc|libm|ld-linux[^/]*)\.so' \
+            | while read -r lib; do cp -L "$lib" "$tdir/lib/"; done
+    done
+    tar -cf .gpulane/tools.tar -C "$tdir" bin lib
+    rm -rf "$tdir"
+    ls -l .gpulane/repo.tar .gpulane/tools.tar
+    tar -tf .gpulane/tools.tar | tr '\n' ' '; echo
     ;;
 install)
     t0=$(date +%s)

@@ -23,7 +23,9 @@ sequence of `vfleet switch to` under a bounded load through the front:
             --plugin-b off, b has no drafter reload: the acceptance gate must roll it back)
 
 The 27B pair (`up --pair 27b-awq`: random weights) switches five times at level 1 (SEQUENCE_L1):
-a level 2 wake needs a checkpoint to reload.
+a level 2 wake needs a checkpoint to reload. With `switch --order alternate` it switches eight
+times, each direction twice in each order (wake-first, sleep-first, sleep-first, wake-first, ...),
+so that `--wake-first` is measured beside the default on the same warm pair.
 
 `vfleet switch` reads an instance's level from the inventory's plan (VFLEET_SLEEP_LEVEL in its
 vllm.env): levels 1 and 2 render the same vllm.yaml and differ in that one variable, which
@@ -472,10 +474,24 @@ SEQUENCE = (
 # the checkpoint, and vLLM 0.24.0's reload_weights raises NotImplementedError for
 # `load-format: dummy` (its loader has no get_all_weights: v1/worker/gpu_model_runner.py).
 SEQUENCE_L1 = (("b", {}), ("a", {}), ("b", {}), ("a", {}), ("b", {}))
+# `--order alternate`: eight level-1 switches, each direction twice in each order, so that
+# the two orders are compared in one run on one warm pair (ratios side by side).
+SEQUENCE_L1_ALTERNATE = SEQUENCE_L1[:4] * 2
+ORDERS = ("sleep-first", "wake-first", "alternate")
 
 
-def sequence_of(pair: str) -> tuple[tuple[str, dict[str, int]], ...]:
-    return SEQUENCE_L1 if pair in RANDOM_WEIGHTS else SEQUENCE
+def sequence_of(pair: str, order: str) -> tuple[tuple[str, dict[str, int]], ...]:
+    if pair not in RANDOM_WEIGHTS:
+        return SEQUENCE
+    return SEQUENCE_L1_ALTERNATE if order == "alternate" else SEQUENCE_L1
+
+
+def order_of(order: str, index: int) -> str:
+    """The order switch number `index` (from 0) runs in: alternate starts wake-first and then
+    goes sleep-first, sleep-first, wake-first, ... (pairs a->b and b->a get both orders)."""
+    if order != "alternate":
+        return order
+    return ("wake-first", "sleep-first", "sleep-first", "wake-first")[index % 4]
 
 
 def cmd_switch(a: argparse.Namespace) -> int:
@@ -505,7 +521,7 @@ def cmd_switch(a: argparse.Namespace) -> int:
                 result["error"] = "the load got no answer in 120 s before the first switch"
                 break
             time.sleep(0.2)
-        for to, levels in sequence_of(pair):
+        for index, (to, levels) in enumerate(sequence_of(pair, a.order)):
             if "error" in result:
                 break
             if a.budget_s and time.monotonic() - t_all > a.budget_s:
@@ -522,11 +538,12 @@ def cmd_switch(a: argparse.Namespace) -> int:
             frm = "a" if to == "b" else "b"
             time.sleep(a.pre_s)
             t_start = load.now()
-            order = ["--wake-first"] if a.wake_first else []
+            how = order_of(a.order, index)
+            order = ["--wake-first"] if how == "wake-first" else []
             cmd = vfleet(a.pythonpath, "switch", "to", lb, to, "-i", inv, "--json", *order,
                          timeout=600)  # fmt: skip
             t_end = load.now()
-            rec: dict[str, Any] = {"to": to, "frm": frm, "levels_set": levels,
+            rec: dict[str, Any] = {"to": to, "frm": frm, "order": how, "levels_set": levels,
                                    "sleeps_at": levels_now[frm], "woken_from": levels_now[to],
                                    "t_start": round(t_start, 4), "t_end": round(t_end, 4),
                                    "command": cmd}  # fmt: skip
@@ -575,15 +592,15 @@ _f = gs._f  # one cell format for both switch benches' tables
 
 def report_md(result: dict[str, Any]) -> str:
     lines = [
-        "| switch | sleeps at / woken from | outcome | switch s (flip to last gate) | old "
+        "| switch | order | sleeps at / woken from | outcome | switch s (flip to last gate) | old "
         "workers s | sleep s | wake s | first token through the front after the flip s | "
         "load: first token of the new model after the command's start s | load requests in "
         "the window (failed) | gates |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in result.get("switches", []):
         if "skipped" in s:
-            lines.append(f"| to {s['to']} | skipped: {s['skipped']} | | | | | | | | | |")
+            lines.append(f"| to {s['to']} | | skipped: {s['skipped']} | | | | | | | | | |")
             continue
         rep = s.get("report") or {}
         gates = "; ".join(
@@ -591,7 +608,7 @@ def report_md(result: dict[str, Any]) -> str:
         )
         levels = f"L{s.get('sleeps_at')} / L{s.get('woken_from')}"
         lines.append(
-            f"| {s.get('frm', '?')} -> {s['to']} | {levels} | {rep.get('outcome', 'no report')} | "
+            f"| {s.get('frm', '?')} -> {s['to']} | {s.get('order', 'sleep-first')} | {levels} | {rep.get('outcome', 'no report')} | "
             f"{_f(rep.get('seconds'))} | {_f(rep.get('drain_s'))} | {_f(rep.get('sleep_s'))} | "
             f"{_f(rep.get('wake_s'))} | {_f(rep.get('first_token_s'))} | "
             f"{_f(s.get('load_first_token_of_new_s'))} | {s.get('load_requests_in_window')} "
@@ -658,10 +675,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-requests", type=int, default=3000)
     s.add_argument("--budget-s", type=float, default=0)
     s.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="sleep-first",
+        help="wake-first: `vfleet switch to --wake-first` (the standby wakes while the active "
+        "drains; the pair must fit awake at once, as the 27B pair at 0.45 each does); "
+        "alternate: a random-weights pair switches eight times, four in each order",
+    )
+    s.add_argument(
         "--wake-first",
-        action="store_true",
-        help="`vfleet switch to --wake-first`: the standby wakes while the active drains (the "
-        "pair must fit awake at once; the 27B pair at 0.45 each does)",
+        dest="order",
+        action="store_const",
+        const="wake-first",
+        help="the same as --order wake-first",
     )
     s.set_defaults(fn=cmd_switch)
     d = sub.add_parser("down")

@@ -99,9 +99,23 @@ def test_up_names_only_the_pairs_it_knows(capsys: pytest.CaptureFixture[str]) ->
 
 def test_a_pair_with_random_weights_switches_at_level_1_only() -> None:
     # vLLM 0.24.0's reload_weights has no checkpoint to read with load-format dummy
-    assert all(not levels for _, levels in vs.sequence_of("27b-awq"))
-    assert [to for to, _ in vs.sequence_of("27b-awq")] == ["b", "a", "b", "a", "b"]
-    assert any(2 in levels.values() for _, levels in vs.sequence_of("tiny-mid"))
+    assert all(not levels for _, levels in vs.sequence_of("27b-awq", "sleep-first"))
+    assert [to for to, _ in vs.sequence_of("27b-awq", "wake-first")] == ["b", "a", "b", "a", "b"]
+    assert any(2 in levels.values() for _, levels in vs.sequence_of("tiny-mid", "sleep-first"))
+
+
+def test_alternate_runs_each_direction_twice_in_each_order() -> None:
+    seq = vs.sequence_of("27b-awq", "alternate")
+    assert all(not levels for _, levels in seq)
+    runs = [(("a" if to == "b" else "b") + "->" + to, vs.order_of("alternate", i))
+            for i, (to, _) in enumerate(seq)]  # fmt: skip
+    assert len(runs) == 8
+    for direction in ("a->b", "b->a"):
+        for order in ("sleep-first", "wake-first"):
+            assert runs.count((direction, order)) == 2, (direction, order, runs)
+    assert vs.order_of("wake-first", 5) == "wake-first"
+    # a pair with checkpoints keeps its level sequence: the order does not change it
+    assert vs.sequence_of("tiny-mid", "alternate") == vs.SEQUENCE
 
 
 def test_a_memory_reading_says_whether_the_engine_sleeps(tmp_path: Path) -> None:

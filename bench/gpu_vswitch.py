@@ -608,7 +608,8 @@ def report_md(result: dict[str, Any]) -> str:
         )
         levels = f"L{s.get('sleeps_at')} / L{s.get('woken_from')}"
         lines.append(
-            f"| {s.get('frm', '?')} -> {s['to']} | {s.get('order', 'sleep-first')} | {levels} | {rep.get('outcome', 'no report')} | "
+            f"| {s.get('frm', '?')} -> {s['to']} | {s.get('order', 'sleep-first')} | {levels} | "
+            f"{rep.get('outcome', 'no report')} | "
             f"{_f(rep.get('seconds'))} | {_f(rep.get('drain_s'))} | {_f(rep.get('sleep_s'))} | "
             f"{_f(rep.get('wake_s'))} | {_f(rep.get('first_token_s'))} | "
             f"{_f(s.get('load_first_token_of_new_s'))} | {s.get('load_requests_in_window')} "

@@ -35,7 +35,9 @@ def test_the_measured_pair_fits_in_both_orders() -> None:
         ("mid-hybrid-mtp", "tiny-hybrid-mtp", True),
         ("tiny-hybrid-mtp", "mid-hybrid-mtp", True),
     ]
-    assert not pair.notes  # 0.45 + 0.45 of the card: both can start awake
+    # 0.45 + 0.45 of the card: both can be awake at once, so the switch may wake first
+    assert pair.awake_together and len(pair.notes) == 1, pair.notes
+    assert "fit awake together" in pair.notes[0] and "--wake-first" in pair.notes[0]
     # Level 1 keeps the sleeper's weights in pinned host memory, sized up as measured.
     assert mid.gpu is not None
     pinned = -(-mid.gpu.weights_bytes * PINNED_COPY_RATIO // 1)
@@ -56,6 +58,8 @@ def test_a_pair_with_no_room_for_the_sleeper_is_refused_with_the_utilisation_tha
     assert plan_pair(smaller, smaller, level=1).fits
     # Their budgets do not fit awake at once: the note says in which order to start them.
     assert pair.notes and "start the standby while the active engine sleeps" in pair.notes[0]
+    assert not pair.awake_together and "sleeps first" in pair.notes[0]
+    assert not plan_pair(smaller, smaller, level=1).awake_together
 
 
 def test_level_2_keeps_no_weights_in_host_memory() -> None:

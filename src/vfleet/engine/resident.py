@@ -66,6 +66,10 @@ class PairPlan:
     host_bytes: dict[str, int]
     orders: list[Order]
     fits: bool
+    # Both budgets (and what each holds outside its budget) fit on the card at once: the
+    # switch may wake the standby before the active one has drained and slept
+    # (`vfleet switch to --wake-first`, docs/SWAP.md); otherwise it must sleep first.
+    awake_together: bool = False
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -134,12 +138,21 @@ def plan_pair(
         + standby.gpu.budget_bytes
         + standby.gpu.outside_budget_bytes
     )
-    if both > first.total_bytes:
+    awake_together = both <= first.total_bytes
+    if not awake_together:
         notes.append(
             "the two budgets do not fit awake together "
             f"({both / MIB:,.0f} of {first.total_bytes / MIB:,.0f} MiB per GPU): start the "
             "standby while the active engine sleeps, or before it starts, and put it to sleep "
-            "before the other is woken"
+            "before the other is woken; `vfleet switch to` sleeps first (its default)"
+        )
+    else:
+        notes.append(
+            "the two budgets fit awake together "
+            f"({both / MIB:,.0f} of {first.total_bytes / MIB:,.0f} MiB per GPU): "
+            "`vfleet switch to --wake-first` may wake the standby while the active engine "
+            "finishes its requests, which takes the drain and the sleep out of the wait for "
+            "the first token (docs/SWAP.md)"
         )
     return PairPlan(
         active=active,
@@ -150,6 +163,7 @@ def plan_pair(
         host_bytes=host,
         orders=orders,
         fits=not problems,
+        awake_together=awake_together,
         problems=problems,
         notes=notes,
     )

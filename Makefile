@@ -294,10 +294,11 @@ UNIT_WORKERS ?= 4
 # preflight, the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a
 # slower release rolled back, an as-fast one kept: in CI again since the gate re-measures a
 # failed bench and the test passes the tolerances measured under a fleet run's load;
-# docs/SWAP.md, docs/BENCHMARKS.md) and `vfleet tune` (climb vs exhaustive, the rollout and the
-# sidecar's recommended depth: 7 swaps, 8-11 min here beside other sessions, in the fleet
-# file so that it reuses its hosts; docs/TUNE.md, run 4). The crash loop, the rollback under systemd,
-# a failed rollback's report and the two-replica swap run in make test-fleet only (CI time).
+# docs/SWAP.md, docs/BENCHMARKS.md) and `vfleet tune` over two depths (the gated swaps, the
+# rollout and the sidecar's recommended depth: 3 vLLM starts, in the fleet file so that it
+# reuses its hosts; docs/TUNE.md). The crash loop, the rollback under systemd, a failed
+# rollback's report, tune's climb against the exhaustive table (7 starts) and the two-replica
+# swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy
 	@# Then where the minutes went, per worker, the slowest files and the whole run's wall time
 	@# since make started (CI's budget: 40 minutes; docs/BENCHMARKS.md). The exit status is

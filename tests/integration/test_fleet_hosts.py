@@ -1576,7 +1576,112 @@ def best_depth(report: dict[str, Any]) -> str:
 # the fastest repeat; the ranking is asserted up to the climb's margin), on systemd's start
 # limit (reset before a deliberate start since), and on the gate's task for a release without
 # speculative decoding (fixed in swap.yml); the sidecar's stale depth is fixed in the exporter.
+def _tune_setup(fleet: Fleet, tmp_path: Path) -> tuple[Path, Path]:
+    """node1 in an inventory of its own, serving the position-falling model (built here and
+    copied onto the host): tune writes its overrides beside it (host_vars/node1/), and the
+    fleet's inventory stays as it was. Returns (that inventory, tune's --out)."""
+    node1 = fleet.nodes["node1"]
+    built = tmp_path / "tiny-falling"
+    python = vllm_python()
+    make_model = subprocess.run(
+        [VFLEET, "model", "make", MODEL, str(built), "--python", str(python),
+         "--draft-acceptance", FALLING_RATES],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert make_model.returncode == 0, make_model.stderr[-3000:]
+    shutil.copytree(built, node1.host.root / FALLING.lstrip("/"), dirs_exist_ok=True)
+    doc = yaml.safe_load(fleet.inventory.read_text())
+    doc["all"]["children"]["cpu_fleet"]["hosts"]["node1"]["vfleet_set"] = [
+        *node1.sets,
+        f"model_dir={FALLING}",
+    ]
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inventory, tmp_path / "tune-node1"
+
+
+def _tune_args(prefix: Path) -> list[str]:
+    # Short benches (5 x 128 tokens per depth: seconds, beside minutes of swap); the shared
+    # cores are the noise (docs/TUNE.md). --margin 0.1, as docs/TUNE.md advises on a shared
+    # CPU: at 0.05 a 7 % dip of depth 2 under load turned the climb back (run 4); the
+    # recorded runs' depth 4 was still 11-20 % below the best, so the climb leaves it out.
+    return ["--sweep", "depth", "--repeats", "5", "--decode-tokens", "128",
+            "--prompt-tokens", "64", "--budget", "40", "--margin", "0.1",
+            "--balancer", str(prefix)]  # fmt: skip
+
+
+def _assert_rolled_out(
+    fleet: Fleet, prefix: Path, inventory: Path, report: dict[str, Any]
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The winner of ``report`` rolled out: the inventory holds the depth, the host serves it,
+    back in the balancer; tune's step times (and acceptance) per measured depth where the
+    sidecar reads them; and the sidecar, given traffic, reports the depth as running and
+    recommends it. Returns (the depth, step-times.json, the sidecar's advice)."""
+    node1 = fleet.nodes["node1"]
+    measured = {r["picks"]["depth"] for r in report["results"] if r["status"] == "measured"}
+    tuned = yaml.safe_load((inventory.parent / "host_vars/node1/vfleet_tuned.yml").read_text())
+    assert report["winner"]["sets"][-1] in tuned["vfleet_tuned_set"], tuned
+    assert (inventory.parent / "host_vars/node1/vfleet_tuned.md").exists()
+    served = node1.host.run("cat /opt/vfleet/instances/main/current/vllm.yaml").stdout
+    depth = best_depth(report)
+    if depth == "0":
+        assert "speculative-config" not in served, served
+    else:
+        assert f"num_speculative_tokens: {depth}" in served, served
+    state = json.loads((prefix / "balancer.json").read_text())
+    assert [r["down"] for r in state["replicas"]] == [False, False]
+    assert chat(node1.port)[0] == 200
+    times = json.loads(node1.host.run("cat /opt/vfleet/instances/main/step-times.json").stdout)
+    assert times["kind"] == "vfleet-step-times" and set(times["seconds_per_step"]) == measured
+    assert set(times["accepted_per_draft"]) == measured - {"0"}, times
+    # The sidecar was not restarted by the swaps (its unit did not change): it must see each
+    # release's depth.
+    at_winner = advice_after_traffic(node1)
+    assert at_winner["running"] == float(depth), at_winner  # not the depth it started with
+    if depth == "0":
+        # Nothing is drafted: no acceptance to judge depths by (docs/TUNE.md).
+        assert at_winner["state"] == "speculation_off", at_winner
+    else:
+        assert at_winner["state"] == "ok" and names_best(at_winner, depth), at_winner
+    return depth, times, at_winner
+
+
 @pytest.mark.ci
+def test_tune_measures_two_depths_and_rolls_out_the_faster(
+    fleet: Fleet, lb: tuple[Path, str], tmp_path: Path
+) -> None:
+    """CI's tune: `vfleet tune node1 --sweep depth --depths 0,2 --search grid` on the
+    position-falling model, drained from the balancer. Each depth is deployed through the
+    gated swap and measured, speculation off (0) among them; the faster is written into the
+    inventory's host_vars/node1/vfleet_tuned.yml with the table and rolled out, the host is
+    admitted again, and the sidecar, given traffic, reports the rolled-out depth as running
+    and recommends it from tune's step times. Three vLLM starts (two candidates, the rollout);
+    the climb against the exhaustive table over 0..4 (seven) is the next test, in
+    `make test-fleet` (CI time; the climb's walk and a resumed run are also unit-tested:
+    tests/unit/test_tune.py)."""
+    prefix, _url = lb
+    node1 = fleet.nodes["node1"]
+    t0 = time.monotonic()
+    sidecar_pid = unit_show(node1, "vfleet-sidecar@main.service")["MainPID"]
+    inventory, out = _tune_setup(fleet, tmp_path)
+    rc, grid, said, secs = tune(
+        fleet, inventory, out, "node1", *_tune_args(prefix), "--depths", "0,2", "--search", "grid"
+    )
+    table_md = (out / "tune.md").read_text() if (out / "tune.md").exists() else ""
+    with (fleet.logs / "tune.log").open("a") as log:
+        log.write(f"{said}\n{table_md}\n")
+    assert rc == 0, said[-4000:]
+    rows = [r for r in grid["results"] if r["status"] == "measured"]
+    assert {r["picks"]["depth"] for r in rows} == {"0", "2"}, grid["results"]
+    faster = max(rows, key=lambda r: r["objective"])["picks"]["depth"]
+    assert best_depth(grid) == faster, table_md
+    depth, _times, at_winner = _assert_rolled_out(fleet, prefix, inventory, grid)
+    pids = [sidecar_pid, unit_show(node1, "vfleet-sidecar@main.service")["MainPID"]]
+    record("tune_two_depths", {"grid": grid, "seconds": secs, "winner": depth,
+                               "at_winner": at_winner, "sidecar_pids": pids,
+                               "total_s": round(time.monotonic() - t0, 1)})  # fmt: skip
+
+
 def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out(
     fleet: Fleet, lb: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -1587,37 +1692,13 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     depth; the host serves it, admitted to the balancer again, and the inventory's
     host_vars/node1/vfleet_tuned.yml says so, with the table beside it. The sidecar, given
     traffic, reports the rolled-out depth as running and recommends it (from live acceptance
-    and tune's step times)."""
+    and tune's step times). Seven vLLM starts: `make test-fleet` (CI runs the test above)."""
     node1 = fleet.nodes["node1"]
     prefix, _url = lb
     t0 = time.monotonic()
     sidecar_pid = unit_show(node1, "vfleet-sidecar@main.service")["MainPID"]
-    built = tmp_path / "tiny-falling"
-    python = vllm_python()
-    make_model = subprocess.run(
-        [VFLEET, "model", "make", MODEL, str(built), "--python", str(python),
-         "--draft-acceptance", FALLING_RATES],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert make_model.returncode == 0, make_model.stderr[-3000:]
-    shutil.copytree(built, node1.host.root / FALLING.lstrip("/"), dirs_exist_ok=True)
-    # An inventory of its own, where node1 serves the falling model: tune writes its
-    # overrides beside it (host_vars/node1/), and the fleet's inventory stays as it was.
-    doc = yaml.safe_load(fleet.inventory.read_text())
-    doc["all"]["children"]["cpu_fleet"]["hosts"]["node1"]["vfleet_set"] = [
-        *node1.sets,
-        f"model_dir={FALLING}",
-    ]
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
-    out = tmp_path / "tune-node1"
-    # Short benches (5 x 128 tokens per depth: seconds, beside minutes of swap); the shared
-    # cores are the noise (docs/TUNE.md). --margin 0.1, as docs/TUNE.md advises on a shared
-    # CPU: at 0.05 a 7 % dip of depth 2 under load turned the climb back (run 4); the
-    # recorded runs' depth 4 was still 11-20 % below the best, so the climb leaves it out.
-    common = ["--sweep", "depth", "--repeats", "5", "--decode-tokens", "128",
-              "--prompt-tokens", "64", "--budget", "40", "--margin", "0.1",
-              "--balancer", str(prefix)]  # fmt: skip
+    inventory, out = _tune_setup(fleet, tmp_path)
+    common = _tune_args(prefix)
     rc1, climb, said1, s1 = tune(fleet, inventory, out, "node1", *common)
     assert rc1 == 0, said1[-4000:]
     climb_md = (out / "tune.md").read_text()
@@ -1639,32 +1720,7 @@ def test_tune_finds_the_best_depth_of_an_exhaustive_measurement_and_rolls_it_out
     # Whether the climb left a depth out is the load's call on 2 shared cores (9116ef8's CI run:
     # depth 1 measured 3.1 % below depth 3, so the climb went on, correctly, through all
     # five); that it followed its rule on what it measured is the replay below.
-    # Rolled out: the inventory holds the depth, the host serves it, back in the balancer.
-    tuned = yaml.safe_load((inventory.parent / "host_vars/node1/vfleet_tuned.yml").read_text())
-    assert grid["winner"]["sets"][-1] in tuned["vfleet_tuned_set"], tuned
-    assert (inventory.parent / "host_vars/node1/vfleet_tuned.md").exists()
-    served = node1.host.run("cat /opt/vfleet/instances/main/current/vllm.yaml").stdout
-    depth = best_depth(grid)
-    if depth == "0":
-        assert "speculative-config" not in served, served
-    else:
-        assert f"num_speculative_tokens: {depth}" in served, served
-    state = json.loads((prefix / "balancer.json").read_text())
-    assert [r["down"] for r in state["replicas"]] == [False, False]
-    assert chat(node1.port)[0] == 200
-    # The step time (and acceptance) per depth, where the sidecar reads them.
-    times = json.loads(node1.host.run("cat /opt/vfleet/instances/main/step-times.json").stdout)
-    assert times["kind"] == "vfleet-step-times" and set(times["seconds_per_step"]) == measured
-    assert set(times["accepted_per_draft"]) == measured - {"0"}, times
-    # The sidecar's recommendation from live acceptance agrees with the tuner. The sidecar was
-    # not restarted by the swaps (its unit did not change): it must see each release's depth.
-    at_winner = advice_after_traffic(node1)
-    assert at_winner["running"] == float(depth), at_winner  # not the depth it started with
-    if depth == "0":
-        # Nothing is drafted: no acceptance to judge depths by (docs/TUNE.md).
-        assert at_winner["state"] == "speculation_off", at_winner
-    else:
-        assert at_winner["state"] == "ok" and names_best(at_winner, depth), at_winner
+    depth, times, at_winner = _assert_rolled_out(fleet, prefix, inventory, grid)
     # Recorded: whether the sidecar process lived through the tune's swaps (docs/TUNE.md).
     # The recommendation made from another depth than the best (live acceptance of the running
     # depth, the table's beyond it) is tests/unit/test_depth.py's: a swap to that depth here

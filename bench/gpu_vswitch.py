@@ -23,9 +23,10 @@ sequence of `vfleet switch to` under a bounded load through the front:
             --plugin-b off, b has no drafter reload: the acceptance gate must roll it back)
 
 The 27B pair (`up --pair 27b-awq`: random weights) switches five times at level 1 (SEQUENCE_L1):
-a level 2 wake needs a checkpoint to reload. With `switch --order alternate` it switches eight
-times, each direction twice in each order (wake-first, sleep-first, sleep-first, wake-first, ...),
-so that `--wake-first` is measured beside the default on the same warm pair.
+a level 2 wake needs a checkpoint to reload. With `switch --order alternate` either pair switches
+eight times at level 1, each direction twice in each order (wake-first, sleep-first,
+sleep-first, wake-first, ...), so that `--wake-first` is measured beside the default on the
+same warm pair.
 
 `vfleet switch` reads an instance's level from the inventory's plan (VFLEET_SLEEP_LEVEL in its
 vllm.env): levels 1 and 2 render the same vllm.yaml and differ in that one variable, which
@@ -474,16 +475,16 @@ SEQUENCE = (
 # the checkpoint, and vLLM 0.24.0's reload_weights raises NotImplementedError for
 # `load-format: dummy` (its loader has no get_all_weights: v1/worker/gpu_model_runner.py).
 SEQUENCE_L1 = (("b", {}), ("a", {}), ("b", {}), ("a", {}), ("b", {}))
-# `--order alternate`: eight level-1 switches, each direction twice in each order, so that
-# the two orders are compared in one run on one warm pair (ratios side by side).
+# `--order alternate` (any pair): eight level-1 switches, each direction twice in each order,
+# so that the two orders are compared in one run on one warm pair (ratios side by side).
 SEQUENCE_L1_ALTERNATE = SEQUENCE_L1[:4] * 2
 ORDERS = ("sleep-first", "wake-first", "alternate")
 
 
 def sequence_of(pair: str, order: str) -> tuple[tuple[str, dict[str, int]], ...]:
-    if pair not in RANDOM_WEIGHTS:
-        return SEQUENCE
-    return SEQUENCE_L1_ALTERNATE if order == "alternate" else SEQUENCE_L1
+    if order == "alternate":  # the orders compared at one level, whatever the pair
+        return SEQUENCE_L1_ALTERNATE
+    return SEQUENCE_L1 if pair in RANDOM_WEIGHTS else SEQUENCE
 
 
 def order_of(order: str, index: int) -> str:

@@ -299,3 +299,44 @@ def test_a_rollback_wakes_the_old_engine_only_where_it_slept(
     assert state["replicas"]["b"]["state"] == "asleep" and state["replicas"]["a"]["state"] == (
         "serving"
     )
+
+
+def _pair_inventory(tmp_path: Path, util: float) -> Path:
+    inventory = tmp_path / "inventory.yml"
+    # The measured pair's settings (docs/GPU.md section 8): bf16 KV, since 0.24.0's wake fails
+    # with fp8 KV on a hybrid model (rule operator-overrides refuses it).
+    sets = (
+        f"[max_model_len=4096, gpu_memory_utilization={util}, sleep_level=1, kv_cache_dtype=auto]"
+    )
+    hosts = "".join(
+        f"        {h}: {{ansible_connection: local, vfleet_model: {m}, vfleet_set: {sets}}}\n"
+        for h, m in (("a", "mid-hybrid-mtp"), ("b", "tiny-hybrid-mtp"))
+    )
+    inventory.write_text(
+        f"all:\n  children:\n    box:\n      hosts:\n{hosts}"
+        f"  vars: {{vfleet_base_dir: '{tmp_path}', vfleet_profile: h200-141g}}\n"
+    )
+    return inventory
+
+
+def test_wake_first_is_refused_where_the_planner_finds_both_engines_do_not_fit_at_once(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    """`--wake-first` keeps the active engine's budget while the standby wakes: at 0.6 of the
+    H200 each the two budgets exceed the card, so the switch is bad input (exit 2, the numbers
+    and the fix, nothing created); at 0.45 each (the measured pair) the check lets it by and the
+    switch goes on to its next check (here: no nginx runs for this balancer)."""
+    lb = _balancer(tmp_path, {"a": False, "b": True})
+    before = sorted(p.name for p in lb.iterdir())
+    big = _pair_inventory(tmp_path, 0.6)
+    r = cli("switch", "to", str(lb), "b", "-i", str(big), "--wake-first", "--no-perf-gate")
+    assert r.rc == 2 and "--wake-first: a (mid-hybrid-mtp) and b (tiny-hybrid-mtp)" in r.err, r.err
+    assert "do not fit awake at once" in r.err and "of 143,156 MiB per GPU" in r.err, r.err
+    assert "fix: switch without --wake-first" in r.err and "Traceback" not in r.err
+    assert sorted(p.name for p in lb.iterdir()) == before  # no lock, no state file
+    fits = _pair_inventory(tmp_path, 0.45)
+    r = cli("switch", "to", str(lb), "b", "-i", str(fits), "--wake-first", "--no-perf-gate")
+    assert r.rc == 2 and "nginx does not run" in r.err and "--wake-first" not in r.err, r.err
+    # Without --wake-first the pair that cannot be awake at once is not refused for it.
+    r = cli("switch", "to", str(lb), "b", "-i", str(big), "--no-perf-gate")
+    assert r.rc == 2 and "nginx does not run" in r.err and "--wake-first" not in r.err, r.err

@@ -458,7 +458,9 @@ RECORDS: tuple[StackRecord, ...] = (
                 "alone (the drain and the sleep were 1.7-2.8 s of a 27B switch's 2.8-4.6 s to "
                 "the first token on an H100, docs/GPU.md section 15). Run on the CPU profile "
                 "only (tests/integration/test_switch.py, level 0); not yet on a GPU, where both "
-                "budgets must fit awake at once",
+                "budgets must fit awake at once: the switch refuses it (exit 2) where the "
+                "planner's sum of the two budgets exceeds the card (tests/unit/test_switch.py, "
+                "the planner's arithmetic only, not a GPU's)",
             ),
             Claim(
                 "switch performance gate beside clients",

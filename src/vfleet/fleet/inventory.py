@@ -23,6 +23,7 @@ from typing import Any
 
 from vfleet.config.escape import host_name
 from vfleet.config.schema import HostVars
+from vfleet.engine.compile import Launch, resolve
 from vfleet.errors import VfleetError
 from vfleet.hostside.hostfacts import Request
 from vfleet.paths import ANSIBLE_DIR, DEFAULT_INVENTORY, hostside_script
@@ -315,6 +316,21 @@ def host_plan(
         api_key_file=s["api_key_file"],
     )
     return plan, str(s["python"])
+
+
+def host_launch(a: argparse.Namespace, hv: dict[str, Any], plan: Plan) -> Launch:
+    """The host's instance resolved as the deploy resolves it (the rules' decisions, which the
+    planner reads): ``plan`` is its deploy plan (`host_plan`)."""
+    s = host_settings(a, hv)
+    instance = s["instance"]
+    return resolve(
+        plan.profile,
+        plan.model.name,
+        deployment=Path(s["deployment"]) if s["deployment"] else None,
+        sets=[*s["sets"], *([f"instance={instance}"] if instance else [])],
+        root=Path(s["profiles_dir"]) if s["profiles_dir"] else None,
+        host=HostVars(name=a.host, base_dir=s["base_dir"], python=s["python"]),
+    )
 
 
 def request(plan: Plan) -> Request:

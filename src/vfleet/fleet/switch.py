@@ -21,7 +21,8 @@ served_model_name: one serves (admitted), the other is the standby (drained, asl
 
 With `--wake-first` step 3 comes right after step 1: the standby wakes while the active
 finishes its requests, so the queued ones wait for the wake alone; both engines are then awake
-at once, so only for a pair whose budgets fit together (`vfleet plan --standby-model`).
+at once, so only for a pair whose budgets fit together: the planner is asked first and a pair
+that does not fit is refused before anything changes (`vfleet plan --standby-model` shows it).
 
 The sleep controls are vLLM's dev routes, on loopback only: they are called on the host
 itself by hostside/sleepctl.py (locally or over ssh), never through a front. The state
@@ -56,6 +57,9 @@ from vfleet_healthcheck.perf_record import PerfFigures
 from vfleet_healthcheck.vllm_metrics import families, parse
 
 from vfleet.config.apikey import read_api_key_file
+from vfleet.engine.planner import Plan as MemoryPlan
+from vfleet.engine.planner import plan_launch
+from vfleet.engine.resident import MIB, plan_pair
 from vfleet.errors import VfleetError
 from vfleet.fleet.balancer import (
     STATE,
@@ -68,6 +72,7 @@ from vfleet.fleet.balancer import (
 )
 from vfleet.fleet.inventory import (
     api_key_file_arg,
+    host_launch,
     host_namespace,
     host_plan,
     host_settings,
@@ -309,6 +314,43 @@ def replica(inventory: str, host: str, api_key_file: str | None) -> Replica:
         plan.dirs.instance,
         plan.env().get("VFLEET_SM75_STATE") or "",
         engine=engine_id(plan),
+    )
+
+
+def memory_plan(inventory: str, host: str) -> MemoryPlan:
+    """The planner's plan of the host's instance, from the inventory as the deploy reads it."""
+    hv = host_vars(inventory, host)
+    ns = host_namespace(inventory, host, None, None, None, None)
+    plan, _ = host_plan(ns, hv)
+    return plan_launch(host_launch(ns, hv, plan))
+
+
+def check_awake_together(inventory: str, active: str, standby: str) -> None:
+    """`--wake-first` wakes the standby while the active engine still holds its budget: refused
+    (bad input, nothing changed) where the planner finds that both do not fit the GPUs at
+    once. The CPU build has no GPU budget to add up: nothing to check there."""
+    old, new = memory_plan(inventory, active), memory_plan(inventory, standby)
+    if old.gpu is None or new.gpu is None:
+        return
+    # The verdict is the two budgets' sum; the level changes only what a sleeper keeps.
+    if plan_pair(old, new, level=1).awake_together:
+        return
+    first, second = old.gpu, new.gpu
+    both = (
+        first.budget_bytes
+        + first.outside_budget_bytes
+        + second.budget_bytes
+        + second.outside_budget_bytes
+    )
+    raise VfleetError(
+        f"--wake-first: {active} ({old.model}) and {standby} ({new.model}) do not fit awake "
+        f"at once: {both / MIB:,.0f} of {first.total_bytes / MIB:,.0f} MiB per GPU (each "
+        "engine's budget and what it holds outside it, as `vfleet plan --standby-model` "
+        "counts them)",
+        key="--wake-first",
+        fix="switch without --wake-first (the active engine sleeps before the standby wakes), "
+        "or lower gpu_memory_utilization of both until `vfleet plan --standby-model` says the "
+        "budgets fit awake together",
     )
 
 
@@ -631,7 +673,9 @@ class FirstToken(threading.Thread):
         self.at = sent + (r.first_s if r.first_s is not None else r.e2e_s)
 
 
-def _pair(prefix: Path, to: str) -> tuple[dict[str, Any], str]:
+def _pair(prefix: Path, to: str, need_front: bool = True) -> tuple[dict[str, Any], str]:
+    """The balancer's state and the replica that serves, or bad input: ``to`` is not the one
+    drained replica, or (``need_front``) no nginx runs for the balancer."""
     lb = load(prefix)
     names = [r["host"] for r in lb["replicas"]]
     if to not in names:
@@ -654,7 +698,7 @@ def _pair(prefix: Path, to: str) -> tuple[dict[str, Any], str]:
             where=str(prefix / STATE),
             fix="vfleet balancer drain DIR HOST until one serves",
         )
-    if running_pid(prefix) is None:
+    if need_front and running_pid(prefix) is None:
         raise VfleetError(
             "nginx does not run for this balancer: requests would have nowhere to wait",
             where=str(prefix),
@@ -889,7 +933,11 @@ def cmd_to(a: argparse.Namespace) -> int:
     if not a.no_perf_gate:
         require()
     perf_tolerances = parse_tolerances(a.perf_tolerance or [])
-    _pair(prefix, a.host)  # bad input: refused before anything is created or changed
+    # Bad input is refused before anything is created or changed: the pair, the order, the front.
+    _, serving = _pair(prefix, a.host, need_front=False)
+    if a.wake_first:
+        check_awake_together(a.inventory, serving, a.host)
+    _pair(prefix, a.host)
     with locked(prefix / ".switch"):  # one switch at a time (balancer.json has its own lock)
         lb, active = _pair(prefix, a.host)
         new = replica(a.inventory, a.host, a.api_key_file)
@@ -1129,8 +1177,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="wake HOST right after the flip, while the serving replica finishes its requests, "
         "and put that one to sleep after: the drain and the sleep leave the clients' wait. Both "
-        "engines are then awake at once, so only for a pair whose budgets fit together (`vfleet "
-        "plan --standby-model` says so; a pair at 0.45 of the card each does). Default: sleep "
+        "engines are then awake at once, so only for a pair whose budgets fit together: "
+        "refused (exit 2, nothing changed) where the planner finds they do not, as `vfleet "
+        "plan --standby-model` shows (a pair at 0.45 of the card each fits). Default: sleep "
         "first, then wake",
     )
     to.add_argument(

@@ -27,7 +27,7 @@ from typing import Any
 
 from vfleet.config.apikey import read_api_key_file
 from vfleet.config.escape import host_name
-from vfleet.config.schema import STEP_TIMES_FILE, HostVars
+from vfleet.config.schema import STEP_TIMES_FILE
 from vfleet.engine.compile import Launch, resolve
 from vfleet.engine.decode_cost import decode_cost
 from vfleet.errors import VfleetError
@@ -35,6 +35,7 @@ from vfleet.fleet.balancer import load as load_balancer
 from vfleet.fleet.balancer import set_down
 from vfleet.fleet.inventory import (
     become,
+    host_launch,
     host_namespace,
     host_plan,
     host_settings,
@@ -158,14 +159,7 @@ def target(a: argparse.Namespace) -> Target:
     own_sets = shlex.split(own) if isinstance(own, str) else [str(x) for x in own]
     sets = list(s["sets"])
     instance = s["instance"]
-    launch = resolve(
-        plan.profile,
-        plan.model.name,
-        deployment=Path(s["deployment"]) if s["deployment"] else None,
-        sets=[*sets, *([f"instance={instance}"] if instance else [])],
-        root=Path(s["profiles_dir"]) if s["profiles_dir"] else None,
-        host=HostVars(name=a.host, base_dir=s["base_dir"], python=s["python"]),
-    )
+    launch = host_launch(ns, hv, plan)
     return Target(
         a.host, Path(a.inventory), launch, sets, own_sets, instance, a.base_dir,
         plan.profile, plan.model.name, s["deployment"], s["profiles_dir"], hv, plan,

@@ -294,9 +294,9 @@ UNIT_WORKERS ?= 4
 # preflight, the four model swaps issue 7 asks CI to prove and issue 20's performance gate (a
 # slower release rolled back, an as-fast one kept: in CI again since the gate re-measures a
 # failed bench and the test passes the tolerances measured under a fleet run's load;
-# docs/SWAP.md, docs/BENCHMARKS.md) and `vfleet tune` over two depths (the gated swaps, the
-# rollout and the sidecar's recommended depth: 3 vLLM starts, in the fleet file so that it
-# reuses its hosts; docs/TUNE.md). The crash loop, the rollback under systemd, a failed
+# docs/SWAP.md, docs/BENCHMARKS.md) and `vfleet tune` over two depths (the candidates' swaps,
+# the gated rollout and the sidecar's recommended depth: 2-3 vLLM starts, in the fleet file so
+# that it reuses its hosts; docs/TUNE.md). The crash loop, the rollback under systemd, a failed
 # rollback's report, tune's climb against the exhaustive table (7 starts) and the two-replica
 # swap run in make test-fleet only (CI time).
 test: deps venv wheels tools lint ## everything CI runs: lint, unit, parser checks, end-to-end deploy

@@ -682,7 +682,8 @@ def main(argv: list[str] | None = None) -> int:
         default="sleep-first",
         help="wake-first: `vfleet switch to --wake-first` (the standby wakes while the active "
         "drains; the pair must fit awake at once, as the 27B pair at 0.45 each does); "
-        "alternate: a random-weights pair switches eight times, four in each order",
+        "alternate: either pair switches eight times at level 1, four in each order (run it "
+        "after `up`, which leaves both at level 1)",
     )
     s.add_argument(
         "--wake-first",

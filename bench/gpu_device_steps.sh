@@ -169,7 +169,7 @@ pack)
         cp "$path" "$tdir/bin/"
         # the libraries it links, except the C library's own, which the image has
         ldd "$path" | awk '$3 ~ /^\// {print $3}' | grep -Ev '/(libc|libm|ld-linux[^/]*)\.so' \
-            | while read -r lib; do cp -L "$lib" "$tdir/lib/"; done
+            | while read -r lib; do cp -L "$lib" "$tdir/lib/" || exit 1; done
     done
     tar -cf .gpulane/tools.tar -C "$tdir" bin lib
     rm -rf "$tdir"

@@ -38,6 +38,8 @@ def test_the_measured_pair_fits_in_both_orders() -> None:
     # 0.45 + 0.45 of the card: both can be awake at once, so the switch may wake first
     assert pair.awake_together and len(pair.notes) == 1, pair.notes
     assert "fit awake together" in pair.notes[0] and "--wake-first" in pair.notes[0]
+    assert mid.gpu is not None and 0 < pair.awake_bytes <= mid.gpu.total_bytes
+    assert f"({pair.awake_bytes / (1 << 20):,.0f} of" in pair.notes[0]
     # Level 1 keeps the sleeper's weights in pinned host memory, sized up as measured.
     assert mid.gpu is not None
     pinned = -(-mid.gpu.weights_bytes * PINNED_COPY_RATIO // 1)
@@ -59,6 +61,7 @@ def test_a_pair_with_no_room_for_the_sleeper_is_refused_with_the_utilisation_tha
     # Their budgets do not fit awake at once: the note says in which order to start them.
     assert pair.notes and "start the standby while the active engine sleeps" in pair.notes[0]
     assert not pair.awake_together and "sleeps first" in pair.notes[0]
+    assert big.gpu is not None and pair.awake_bytes > big.gpu.total_bytes
     assert not plan_pair(smaller, smaller, level=1).awake_together
 
 

@@ -70,6 +70,8 @@ class PairPlan:
     # switch may wake the standby before the active one has drained and slept
     # (`vfleet switch to --wake-first`, docs/SWAP.md); otherwise it must sleep first.
     awake_together: bool = False
+    # What the two need awake at once, per GPU: both budgets and what each holds outside it.
+    awake_bytes: int = 0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -164,6 +166,7 @@ def plan_pair(
         orders=orders,
         fits=not problems,
         awake_together=awake_together,
+        awake_bytes=both,
         problems=problems,
         notes=notes,
     )

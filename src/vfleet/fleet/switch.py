@@ -317,34 +317,33 @@ def replica(inventory: str, host: str, api_key_file: str | None) -> Replica:
     )
 
 
-def memory_plan(inventory: str, host: str) -> MemoryPlan:
-    """The planner's plan of the host's instance, from the inventory as the deploy reads it."""
+def memory_plan(inventory: str, host: str, api_key_file: str | None) -> MemoryPlan:
+    """The planner's plan of the host's instance, from the inventory as the deploy reads it
+    (and as `replica` reads it: the same settings and key file)."""
     hv = host_vars(inventory, host)
-    ns = host_namespace(inventory, host, None, None, None, None)
+    ns = host_namespace(inventory, host, None, None, None, api_key_file)
     plan, _ = host_plan(ns, hv)
     return plan_launch(host_launch(ns, hv, plan))
 
 
-def check_awake_together(inventory: str, active: str, standby: str) -> None:
+def check_awake_together(
+    inventory: str, active: str, standby: str, api_key_file: str | None
+) -> None:
     """`--wake-first` wakes the standby while the active engine still holds its budget: refused
     (bad input, nothing changed) where the planner finds that both do not fit the GPUs at
     once. The CPU build has no GPU budget to add up: nothing to check there."""
-    old, new = memory_plan(inventory, active), memory_plan(inventory, standby)
+    old = memory_plan(inventory, active, api_key_file)
+    new = memory_plan(inventory, standby, api_key_file)
     if old.gpu is None or new.gpu is None:
         return
     # The verdict is the two budgets' sum; the level changes only what a sleeper keeps.
-    if plan_pair(old, new, level=1).awake_together:
+    pair = plan_pair(old, new, level=1)
+    if pair.awake_together:
         return
-    first, second = old.gpu, new.gpu
-    both = (
-        first.budget_bytes
-        + first.outside_budget_bytes
-        + second.budget_bytes
-        + second.outside_budget_bytes
-    )
     raise VfleetError(
         f"--wake-first: {active} ({old.model}) and {standby} ({new.model}) do not fit awake "
-        f"at once: {both / MIB:,.0f} of {first.total_bytes / MIB:,.0f} MiB per GPU (each "
+        f"at once: {pair.awake_bytes / MIB:,.0f} of {old.gpu.total_bytes / MIB:,.0f} MiB per "
+        "GPU (each "
         "engine's budget and what it holds outside it, as `vfleet plan --standby-model` "
         "counts them)",
         key="--wake-first",
@@ -936,7 +935,7 @@ def cmd_to(a: argparse.Namespace) -> int:
     # Bad input is refused before anything is created or changed: the pair, the order, the front.
     _, serving = _pair(prefix, a.host, need_front=False)
     if a.wake_first:
-        check_awake_together(a.inventory, serving, a.host)
+        check_awake_together(a.inventory, serving, a.host, a.api_key_file)
     _pair(prefix, a.host)
     with locked(prefix / ".switch"):  # one switch at a time (balancer.json has its own lock)
         lb, active = _pair(prefix, a.host)
